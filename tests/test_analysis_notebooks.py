@@ -1,0 +1,70 @@
+# Run: .venv/bin/python -m pytest tests/test_analysis_notebooks.py -q
+"""Both analysis notebooks executed headlessly through the runner on the fixtures (before the generate/extract/train
+stages exist): manifests complete with the right numbers, HTML reports linked from the index, and a bad source failing
+the stage with the library's message."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+FIX = Path(__file__).parent / "fixtures" / "analysis"
+
+
+def run_cli(*args):
+    return subprocess.run([sys.executable, "-m", "eagle3lib", "run", *args], capture_output=True, text=True)
+
+
+def test_both_notebooks_on_fixtures(tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(FIX / "manifests", run)  # this run's generate/extract/train manifests, as the stages write them
+    sources = json.dumps([str(FIX / "run_*" / "train" / "metrics.jsonl"), str(FIX / "speculators" / "train.log")])
+    r = run_cli("--run-dir", str(run), "--stages", "learning_curves,cost_projection",
+                "--set", f"learning_curves.sources={sources}", "--set", "cost_projection.samples=4000",
+                "--set", "cost_projection.avg_tokens_per_sample=240", "--set", "cost_projection.avg_output_tokens_per_sample=180",
+                "--set", "cost_projection.epochs=3")
+    assert r.returncode == 0, r.stderr[-4000:]
+
+    lc = json.loads((run / "learning_curves" / "manifest.json").read_text())
+    assert lc["status"] == "complete"
+    f = lc["figures"]
+    assert (f["runs"], f["records"], f["duplicates_dropped"], f["torn_last_lines"]) == (3, 60, 25, 1)
+    assert f["step"] == 120 and f["total_steps"] == 200 and f["ttt_steps"] == 3
+    assert f["eta_h"] * 3600 == pytest.approx(160.0) and f["val_step"] == 100
+    assert f["run1.step"] == 80 and f["run2.step"] == 110 and f["run2.total_steps"] == 200
+    assert f["run2.val_loss"] == 3.926
+    summary = (run / "learning_curves" / "summary.csv").read_text().splitlines()
+    assert summary[0] == "metric,run_a,run_b,speculators/train.log" and summary[1] == "step,120,80,110"
+
+    cp = json.loads((run / "cost_projection" / "manifest.json").read_text())
+    assert cp["status"] == "complete" and cp["params"]["cost_projection"]["samples"] == 4000
+    f = cp["figures"]
+    assert f["extract_measured_tokens_per_s"] == 2400 and f["train_measured_tokens_per_s"] == 3000
+    assert f["cpu-2core.extract_hours"] == pytest.approx(4000 * 240 / 2400 / 3600, rel=1e-5)
+    assert f["cpu-2core.total_hours"] == pytest.approx((4000 * 180 / 400 + 4000 * 240 / 2400 + 4000 * 240 * 3 / 3000)
+                                                       / 3600, rel=1e-5)
+    assert f["extract_disk_gb"] == pytest.approx(4000 * 240 * 1536 / 1e9)
+    assert f["mfu_extract"] == pytest.approx(2 * 3.5e6 * 2400 / 0.157e12, rel=1e-4)
+    assert f["b300-x8.total_usd"] > 0 and f["cpu-2core.total_usd"] == 0
+    assert (run / "cost_projection" / "projection.csv").exists()
+
+    index = (run / "index.html").read_text()
+    for stage in ("learning_curves", "cost_projection"):
+        assert f'href="{stage}/report.html"' in index
+        html = (run / stage / "report.html").read_text()
+        assert "<img" in html or "image/png" in html  # the plots rendered
+
+
+def test_missing_metrics_file_fails_with_its_name(tmp_path):
+    run = tmp_path / "run"
+    r = run_cli("--run-dir", str(run), "--stages", "learning_curves")  # default source: run/train/metrics.jsonl
+    assert r.returncode == 1
+    expected = f"metrics file not found: {run / 'train' / 'metrics.jsonl'}"
+    assert "stage 'learning_curves' failed: ValueError: " + expected in r.stderr
+    m = json.loads((run / "learning_curves" / "manifest.json").read_text())
+    assert m["status"] == "failed" and expected in m["error"]
