@@ -30,5 +30,7 @@ def vllm_server(tiny_verifier, tmp_path_factory):
     from eagle3lib.server import VLLMServer
 
     log = tmp_path_factory.mktemp("vllm") / "server.log"
-    with VLLMServer(model=str(tiny_verifier), log_path=log, reasoning_parser="qwen3", max_model_len=2048) as server:
+    # --enforce-eager: skips vLLM's compile warm-up, ~1 s instead of ~100 s of start-up on a loaded 2-core machine.
+    with VLLMServer(model=str(tiny_verifier), log_path=log, reasoning_parser="qwen3", max_model_len=2048,
+                    extra_args=["--enforce-eager"]) as server:
         yield server
