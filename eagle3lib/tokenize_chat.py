@@ -1,0 +1,236 @@
+"""Conversations -> token ids + loss mask, rendered with the verifier's own chat template.
+
+The loss mask is True on the tokens the assistant produces (reasoning, content and the end-of-turn token, as the
+template renders them), False on system/user turns and on the assistant header.
+- Templates with `{% generation %}` markers (the tiny verifier's): transformers' `return_assistant_tokens_mask=True`.
+- Templates without them (Qwen3's, Kimi's): the assistant spans are found by rendering prefixes. Span i starts where
+  `render(messages[:i], add_generation_prompt=True)` stops agreeing with the full rendering, and ends after the first
+  end-of-turn marker (the tokenizer's eos token, or an explicit `end_of_turn`) following that start; tokens are mapped
+  to spans through the tokenizer's character offsets. This copes with templates that render earlier turns differently
+  (Qwen3 drops the reasoning of assistant turns before the last user message).
+Longer samples than `max_seq_len` are truncated or dropped; samples without any assistant token are skipped.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+
+GENERATION_RE = re.compile(r"\{%-?\s*generation\s*-?%\}")
+
+
+class TokenizeError(ValueError):
+    """A conversation cannot be rendered or tokenized; the message names the sample."""
+
+
+@dataclass
+class Tokenized:
+    id: str
+    input_ids: np.ndarray  # int32 [T]
+    loss_mask: np.ndarray  # bool [T]
+    truncated: bool = False
+
+    def __len__(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    @property
+    def loss_tokens(self) -> int:
+        return int(self.loss_mask.sum())
+
+
+@dataclass
+class TokenizeStats:
+    conversations: int = 0  # seen
+    kept: int = 0  # returned, ready to extract
+    skipped_no_assistant: int = 0  # no assistant token at all
+    truncated: int = 0  # cut to max_seq_len and kept
+    dropped_too_long: int = 0  # longer than max_seq_len and dropped (policy drop, or no assistant token left)
+    bad_samples: int = 0  # failed to render/tokenize, skipped (on_bad_record="skip")
+    duplicate_ids: int = 0  # a second sample with an id already seen, skipped
+    tokens: int = 0  # in kept samples
+    loss_tokens: int = 0  # in kept samples
+    errors: list[str] = field(default_factory=list)  # first few messages of skipped bad samples
+
+    def as_dict(self) -> dict[str, int]:
+        return {k: v for k, v in self.__dict__.items() if k != "errors"}
+
+
+def has_generation_markers(tokenizer: Any) -> bool:
+    tmpl = getattr(tokenizer, "chat_template", None)
+    if isinstance(tmpl, dict):  # named templates: the default one is what apply_chat_template uses
+        tmpl = tmpl.get("default")
+    return bool(tmpl) and GENERATION_RE.search(tmpl) is not None
+
+
+def _template_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """OpenAI messages as templates expect them: content never None, reasoning under `reasoning_content`."""
+    out = []
+    for m in messages:
+        m = dict(m)
+        if m.get("content") is None:
+            m["content"] = ""
+        if "reasoning_content" not in m and m.get("reasoning"):
+            m["reasoning_content"] = m["reasoning"]
+        out.append(m)
+    return out
+
+
+def _lcp(a: str, b: str) -> int:
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    lo, hi = 0, n  # binary search on prefix equality (strings can be long)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def _mask_by_generation(tok: Any, messages: list[dict[str, Any]], kwargs: dict[str, Any]) -> tuple[list[int], list[int]]:
+    enc = tok.apply_chat_template(messages, tokenize=True, return_dict=True, return_assistant_tokens_mask=True, **kwargs)
+    return list(enc["input_ids"]), list(enc["assistant_masks"])
+
+
+def assistant_char_spans(tok: Any, messages: list[dict[str, Any]], full: str, kwargs: dict[str, Any],
+                         end_markers: list[str]) -> list[tuple[int, int]]:
+    """Character spans of the assistant turns in `full` (the rendering of all messages), by prefix rendering.
+
+    Start: after `render(messages[:i], add_generation_prompt=True)` when that is a prefix of `full`; otherwise (the
+    template renders earlier turns differently for a shorter conversation) after the next occurrence of the generation
+    prompt's header (what add_generation_prompt appends) following the previous turn. End: after the first end-of-turn
+    marker following the start, within this turn.
+    """
+    spans = []
+    pos = 0
+    for i, m in enumerate(messages):
+        if m["role"] != "assistant":
+            continue
+        prefix = tok.apply_chat_template(messages[:i], tokenize=False, add_generation_prompt=True, **kwargs)
+        if full.startswith(prefix) and len(prefix) >= pos:
+            start = len(prefix)
+        else:
+            base = tok.apply_chat_template(messages[:i], tokenize=False, **kwargs) if i else ""
+            header = prefix[len(base):] if prefix.startswith(base) else ""
+            k = full.find(header, pos) if header else -1
+            if k < 0:
+                raise TokenizeError(f"assistant turn {i}: cannot locate its start in the rendered conversation "
+                                    f"(generation prompt {header!r} not found)")
+            start = k + len(header)
+        upto = tok.apply_chat_template(messages[: i + 1], tokenize=False, **kwargs)
+        limit = len(upto) if full.startswith(upto) and len(upto) > start else len(full)
+        ends = [p + len(mk) for mk in end_markers if (p := full.find(mk, start, limit)) >= 0]
+        if ends:
+            end = min(ends)
+        elif limit < len(full) or full.startswith(upto):
+            end = len(full[:limit].rstrip())
+        else:
+            raise TokenizeError(f"assistant turn {i}: no end-of-turn marker ({end_markers}) found after it")
+        if end > start:
+            spans.append((start, end))
+        pos = max(pos, end)
+    return spans
+
+
+def _mask_by_prefixes(tok: Any, messages: list[dict[str, Any]], kwargs: dict[str, Any],
+                      end_markers: list[str]) -> tuple[list[int], list[int]]:
+    full = tok.apply_chat_template(messages, tokenize=False, **kwargs)
+    spans = assistant_char_spans(tok, messages, full, kwargs, end_markers)
+    if getattr(tok, "is_fast", False):  # character offsets map tokens to spans
+        enc = tok(full, add_special_tokens=False, return_offsets_mapping=True)
+        ids = list(enc["input_ids"])
+        mask = [0] * len(ids)
+        j = 0
+        for t, (a, _b) in enumerate(enc["offset_mapping"]):
+            while j < len(spans) and spans[j][1] <= a:
+                j += 1
+            if j < len(spans) and spans[j][0] <= a < spans[j][1]:
+                mask[t] = 1
+        return ids, mask
+    # slow tokenizers (Kimi's tiktoken one) have no offsets: tokenize the pieces between span boundaries separately.
+    # Boundaries sit at special tokens in chat templates, so this equals tokenizing the whole text; checked.
+    ids, mask, pos = [], [], 0
+    for a, b in [*spans, (len(full), len(full))]:
+        for lo, hi, m in ((pos, a, 0), (a, b, 1)):
+            if hi > lo:
+                piece = tok.encode(full[lo:hi], add_special_tokens=False)
+                ids += piece
+                mask += [m] * len(piece)
+        pos = b
+    if ids != list(tok.encode(full, add_special_tokens=False)):
+        raise TokenizeError("tokenizing the assistant spans separately differs from tokenizing the whole conversation "
+                            "(a span boundary inside a token); use a fast tokenizer or a template with {% generation %}")
+    return ids, mask
+
+
+class ChatTokenizer:
+    """Renders and tokenizes conversations for extraction; one instance per verifier tokenizer."""
+
+    def __init__(self, tokenizer: Any, max_seq_len: int, too_long: Literal["truncate", "drop"] = "truncate",
+                 chat_template_kwargs: dict[str, Any] | None = None, end_of_turn: list[str] | None = None,
+                 mask_method: Literal["auto", "generation", "prefix"] = "auto"):
+        if getattr(tokenizer, "chat_template", None) is None:
+            raise TokenizeError("the verifier's tokenizer has no chat template")
+        self.tok = tokenizer
+        self.max_seq_len = max_seq_len
+        self.too_long = too_long
+        self.kwargs = dict(chat_template_kwargs or {})
+        if mask_method == "auto":
+            mask_method = "generation" if has_generation_markers(tokenizer) else "prefix"
+        self.mask_method = mask_method
+        markers = list(end_of_turn or [])
+        if not markers and tokenizer.eos_token:
+            markers = [tokenizer.eos_token]
+        self.end_markers = markers
+
+    def encode(self, messages: list[dict[str, Any]]) -> tuple[np.ndarray, np.ndarray]:
+        msgs = _template_messages(messages)
+        if self.mask_method == "generation":
+            ids, mask = _mask_by_generation(self.tok, msgs, self.kwargs)
+        else:
+            ids, mask = _mask_by_prefixes(self.tok, msgs, self.kwargs, self.end_markers)
+        return np.asarray(ids, dtype=np.int32), np.asarray(mask, dtype=bool)
+
+    def __call__(self, conversations: Iterable[Any], stats: TokenizeStats, on_bad_record: str = "error") -> Iterator[Tokenized]:
+        """Tokenized samples ready to extract; skipped ones are counted in `stats`."""
+        seen: set[str] = set()
+        for conv in conversations:
+            stats.conversations += 1
+            if conv.id in seen:
+                stats.duplicate_ids += 1
+                continue
+            seen.add(conv.id)
+            try:
+                ids, mask = self.encode(conv.messages)
+            except Exception as e:  # template errors are jinja exceptions of many kinds
+                msg = f"{conv.source or conv.id}: sample {conv.id!r} does not tokenize with the verifier's chat template: {type(e).__name__}: {e}"
+                if on_bad_record == "skip":
+                    stats.bad_samples += 1
+                    if len(stats.errors) < 5:
+                        stats.errors.append(msg)
+                    continue
+                raise TokenizeError(msg) from e
+            if not mask.any():
+                stats.skipped_no_assistant += 1
+                continue
+            truncated = False
+            if len(ids) > self.max_seq_len:
+                if self.too_long == "drop":
+                    stats.dropped_too_long += 1
+                    continue
+                ids, mask = ids[: self.max_seq_len], mask[: self.max_seq_len]
+                if not mask.any():
+                    stats.dropped_too_long += 1
+                    continue
+                truncated = True
+                stats.truncated += 1
+            stats.kept += 1
+            stats.tokens += len(ids)
+            stats.loss_tokens += int(mask.sum())
+            yield Tokenized(conv.id, ids, mask, truncated)

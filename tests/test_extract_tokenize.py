@@ -1,0 +1,159 @@
+# .venv/bin/python -m pytest -q tests/test_extract_tokenize.py
+"""Chat rendering + loss masks for extraction: {% generation %} markers, the prefix-rendering fallback for templates
+without them (a Qwen3-style template that drops earlier turns' reasoning), and the length / no-assistant policies."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from eagle3lib.datasets import Conversation
+from eagle3lib.tiny import corpus
+from eagle3lib.tokenize_chat import ChatTokenizer, TokenizeError, TokenizeStats, has_generation_markers
+
+# Qwen3's template logic (reasoning rendered only for assistant turns after the last user query, '<|im_end|>\n' after
+# every turn, no generation markers), reduced to the roles the corpus uses. MARKED is the same with the assistant
+# body wrapped in {% generation %}, so transformers' own assistant mask is the reference for the prefix method.
+QWEN3_LIKE = (
+    "{%- set ns = namespace(found=false, last_query_index=messages|length - 1) -%}"
+    "{%- for m in messages[::-1] -%}{%- set i = (messages|length - 1) - loop.index0 -%}"
+    "{%- if m.role == 'user' and not ns.found -%}{%- set ns.found = true -%}{%- set ns.last_query_index = i -%}{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- for m in messages -%}"
+    "{%- if m.role == 'assistant' -%}"
+    "{{- '<|im_start|>assistant\\n' -}}"
+    "{%- set r = m.reasoning_content if m.reasoning_content is defined and m.reasoning_content is not none else '' -%}"
+    "GEN_OPEN"
+    "{%- if loop.index0 > ns.last_query_index -%}"
+    "{{- '<think>\\n' + r.strip('\\n') + '\\n</think>\\n\\n' + m.content.lstrip('\\n') -}}"
+    "{%- else -%}{{- m.content -}}{%- endif -%}"
+    "{{- '<|im_end|>' -}}"
+    "GEN_CLOSE"
+    "{{- '\\n' -}}"
+    "{%- else -%}{{- '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' -}}{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}"
+    "{%- if enable_thinking is defined and enable_thinking is false -%}{{- '<think>\\n\\n</think>\\n\\n' -}}{%- endif -%}"
+    "{%- endif -%}"
+)
+# A template whose rendering of earlier turns depends on the conversation's length in a way that breaks prefix
+# stability (the first user message becomes the "last query" when a conversation ends on a user turn), so the
+# prefix render of a later turn is not a prefix of the full render: the fallback must still find the spans.
+UNSTABLE = QWEN3_LIKE.replace("and not ns.found", "and ns.last_query_index == messages|length - 1")
+TEMPLATES = {
+    name: (t.replace("GEN_OPEN", "").replace("GEN_CLOSE", ""),
+           t.replace("GEN_OPEN", "{%- generation -%}").replace("GEN_CLOSE", "{%- endgeneration -%}"))
+    for name, t in {"qwen3_like": QWEN3_LIKE, "unstable": UNSTABLE}.items()
+}
+
+
+@pytest.fixture(scope="module")
+def tok(tiny_verifier):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_verifier)
+
+
+def _with_template(tok, template):
+    import copy
+
+    t = copy.deepcopy(tok)
+    t.chat_template = template
+    return t
+
+
+def _convs(n, seed=7):
+    return [corpus.sample(seed, i)["messages"] for i in range(n)]
+
+
+def test_tiny_template_mask_covers_exactly_the_assistant_turns(tok):
+    assert has_generation_markers(tok)
+    ct = ChatTokenizer(tok, 4096)
+    assert ct.mask_method == "generation"
+    msgs = next(m for m in _convs(50) if sum(x["role"] == "assistant" for x in m) >= 2)  # multi-turn
+    ids, mask = ct.encode(msgs)
+    # every assistant turn starts with <think> and ends with <|im_end|>; user/system text is outside
+    tokens = [tok.decode([int(t)]) for t in ids]
+    starts = [i for i in range(1, len(ids)) if mask[i] and not mask[i - 1]]
+    ends = [i for i in range(len(ids)) if mask[i] and (i + 1 == len(ids) or not mask[i + 1])]
+    assert len(starts) == sum(x["role"] == "assistant" for x in msgs) == len(ends)
+    assert all(tokens[i] == "<think>" for i in starts) and all(tokens[i] == "<|im_end|>" for i in ends)
+    assert tokens[starts[0] - 1].endswith("\n") and "<|im_start|>assistant\n" in "".join(tokens[starts[0] - 6 : starts[0]])
+    user = next(x["content"] for x in msgs if x["role"] == "user")
+    assert user not in "".join(t for t, m in zip(tokens, mask, strict=True) if m)
+
+
+@pytest.mark.parametrize("template", ["tiny", "qwen3_like", "unstable"])
+def test_prefix_fallback_matches_generation_markers(tok, template):
+    """Templates without {% generation %} (Qwen3's, Kimi's) get the same mask from prefix rendering."""
+    plain = tok if template == "tiny" else _with_template(tok, TEMPLATES[template][0])
+    marked = tok if template == "tiny" else _with_template(tok, TEMPLATES[template][1])
+    assert has_generation_markers(marked) and (template == "tiny" or not has_generation_markers(plain))
+    ref = ChatTokenizer(marked, 4096, mask_method="generation")
+    fb = ChatTokenizer(plain, 4096)
+    assert fb.mask_method == ("prefix" if template != "tiny" else "generation")
+    fb.mask_method = "prefix"
+    multi = 0
+    for msgs in _convs(120):
+        a_ids, a_mask = ref.encode(msgs)
+        b_ids, b_mask = fb.encode(msgs)
+        assert np.array_equal(a_ids, b_ids)
+        assert np.array_equal(a_mask, b_mask), [tok.decode([int(t)]) for t, x, y in zip(a_ids, a_mask, b_mask, strict=True) if x != y]
+        multi += sum(m["role"] == "assistant" for m in msgs) > 1
+    assert multi >= 5  # multi-turn conversations exercised (qwen3_like drops their earlier reasoning)
+
+
+def _conv(i, msgs):
+    return Conversation(f"c{i}", msgs, source=f"test:{i}")
+
+
+def test_length_policies_and_skips_are_counted(tok):
+    msgs = _convs(40)
+    lens = [len(ChatTokenizer(tok, 10**6).encode(m)[0]) for m in msgs]
+    limit = sorted(lens)[len(lens) // 2]
+    convs = [_conv(i, m) for i, m in enumerate(msgs)]
+    convs.append(_conv(100, [{"role": "user", "content": "Hello"}]))  # no assistant turn
+    convs.append(_conv(0, msgs[0]))  # duplicate id
+    st = TokenizeStats()
+    out = list(ChatTokenizer(tok, limit, "truncate")(convs, st))
+    longer = sum(n > limit for n in lens)
+    assert st.skipped_no_assistant == 1 and st.duplicate_ids == 1 and st.conversations == 42
+    assert st.truncated + st.dropped_too_long == longer and st.kept == len(out) == 40 - st.dropped_too_long
+    assert all(len(s) <= limit for s in out) and sum(s.truncated for s in out) == st.truncated
+    assert st.tokens == sum(len(s) for s in out) and st.loss_tokens == sum(s.loss_tokens for s in out)
+    st2 = TokenizeStats()
+    out2 = list(ChatTokenizer(tok, limit, "drop")(convs, st2))
+    assert st2.dropped_too_long == longer and st2.truncated == 0 and len(out2) == 40 - longer
+
+
+def test_untokenizable_sample_names_itself_or_is_skipped(tok):
+    bad = _conv(5, [{"role": "user", "content": [{"type": "image_url"}]}, {"role": "assistant", "content": "x"}])
+    good = _conv(6, _convs(1)[0])
+    with pytest.raises(TokenizeError, match=r"test:5.*'c5'.*chat template"):
+        list(ChatTokenizer(tok, 2048)([good, bad], TokenizeStats()))
+    st = TokenizeStats()
+    assert [s.id for s in ChatTokenizer(tok, 2048)([good, bad], st, on_bad_record="skip")] == ["c6"]
+    assert st.bad_samples == 1 and "c5" in st.errors[0]
+
+
+class _SlowTokenizer:
+    """The tiny tokenizer seen as a slow one (no offset mapping), like Kimi's tiktoken tokenizer."""
+
+    is_fast = False
+
+    def __init__(self, tok):
+        self._tok = tok
+
+    def __getattr__(self, name):
+        return getattr(self._tok, name)
+
+
+def test_prefix_fallback_without_offsets(tok):
+    plain, marked = TEMPLATES["qwen3_like"]
+    ref = ChatTokenizer(_with_template(tok, marked), 4096)
+    slow = ChatTokenizer(_SlowTokenizer(_with_template(tok, plain)), 4096)
+    assert slow.mask_method == "prefix"
+    for msgs in _convs(40, seed=8):
+        a_ids, a_mask = ref.encode(msgs)
+        b_ids, b_mask = slow.encode(msgs)
+        assert np.array_equal(a_ids, b_ids) and np.array_equal(a_mask, b_mask)
