@@ -1,0 +1,54 @@
+"""The `evaluate` section: acceptance length and speedup measured by real speculative decoding (eagle3lib/evaluate.py)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
+
+from eagle3lib.config.base import StageConfig
+
+
+class EvaluateConfig(StageConfig):
+    # --- what is evaluated
+    checkpoint: str | None = None  # drafter checkpoint folder; None = the train stage's final checkpoint in this run
+    k: int | None = Field(None, ge=1)  # draft tokens per round (num_speculative_tokens); None = train.ttt_steps
+    # --- prompts
+    prompts: str = "builtin:tiny-heldout"  # JSONL/Parquet (OpenAI or ShareGPT); prompt = up to the last user turn; per-category results use the record's `category`
+    n_prompts: int | None = Field(48, ge=1)  # prompts sampled (stratified by category, seeded); None = all
+    seed: int = 0  # prompt sample and the sampling seeds of both measurements
+    chat_template_kwargs: dict[str, Any] = {}  # passed to the chat template, e.g. {"enable_thinking": true}
+    # --- decoding (the same for the library and vLLM)
+    max_tokens: int = Field(128, ge=1)  # new tokens per prompt, stopping earlier at EOS
+    temperature: float = Field(0.8, gt=0.0)  # the sampled measurement's temperature (greedy runs at 0); use the model card's
+    modes: list[Literal["greedy", "sampled"]] = ["greedy", "sampled"]  # which decodings are measured
+    draft_sampling: Literal["greedy", "probabilistic"] = "greedy"  # library drafter: argmax proposals (vLLM's default; q one-hot) or samples from q
+    # --- library speculative decoding (HF verifier + the drafter, one sequence at a time)
+    library: bool = True  # measure tau and the speedup over plain decoding with transformers
+    lib_max_prompts: int | None = Field(None, ge=1)  # cap on prompts for the library (a large verifier on HF is slow); None = all
+    lib_dtype: Literal["float32", "bfloat16", "float16"] = "float32"  # HF precision; fp32 on CPU (no fast bf16 matmul here)
+    device: str = "auto"  # library: "auto" (cuda if present), "cpu", "cuda", "cuda:1"
+    device_map: str | None = None  # library: "auto" spreads a verifier larger than one GPU (overrides device)
+    cpu_threads: int | None = Field(1, ge=1)  # torch threads on CPU; 1 is fastest for the tiny model (batch 1, tiny matmuls); None = default
+    # --- vLLM measurement (verifier served with the drafter as its EAGLE-3 speculator, and without it)
+    vllm: bool = True  # measure tau from vLLM's spec-decode counters and throughput with/without the drafter
+    concurrency: int = Field(8, ge=1)  # requests in flight, the same for both servers
+    spec_server_url: str | None = None  # an already running server with this drafter as speculator; None = start one
+    base_server_url: str | None = None  # an already running server of the verifier alone; None = start one
+    server_args: list[str] = []  # extra api_server args for both local servers (after verifier.extra_server_args)
+    overlap_startup: bool | None = None  # start local servers while the library measures (saves minutes; its timings are interleaved per prompt, so its ratio holds); None = on CPU only (on GPUs the servers and the HF verifier would compete for memory)
+    warmup_requests: int = Field(2, ge=0)  # untimed requests per server before measuring (first-request overheads)
+    request_timeout_s: float = Field(600.0, gt=0)  # one completion may take this long
+    connect_timeout_s: float = Field(10.0, gt=0)  # an unreachable server fails within this
+    # --- comparison
+    tolerance: float = Field(0.15, ge=0)  # |tau_lib - tau_vllm| (greedy) flagged beyond this: bf16 serving vs fp32 library diverge on near-ties (measured gaps ~0.01)
+    tolerance_sampled: float = Field(0.3, ge=0)  # the same for sampled decoding (independent samples: ~0.05 standard deviation at ~800 rounds)
+    progress: bool = True  # tqdm bars
+
+    @model_validator(mode="after")
+    def _check(self) -> EvaluateConfig:
+        if not self.modes:
+            raise ValueError("modes: at least one of greedy, sampled")
+        if not (self.library or self.vllm):
+            raise ValueError("nothing to measure: library and vllm are both false")
+        return self
