@@ -41,6 +41,11 @@ def main(argv: list[str] | None = None) -> int:
             except StageFailed as e:
                 print(f"error: {e}", file=sys.stderr)
                 return 1
+            except KeyboardInterrupt:
+                # Each stage keeps what it finished (shards, checkpoints) and resumes from it; a traceback from
+                # papermill's event loop would only hide that.
+                print(f"\ninterrupted: run the same command again to resume ({args.run_dir})", file=sys.stderr)
+                return 130
         elif args.cmd == "params":
             prof = load_profile(args.profile, parse_set(args.overrides))
             print(json.dumps({"profile": str(prof.path), **prof.as_dict()}, indent=2))

@@ -27,13 +27,18 @@ class Split:
     val: list[int]
 
 
-def split_samples(n: int, val_fraction: float, val_max: int, seed: int) -> Split:
+def split_samples(n: int, val_fraction: float, val_max: int, seed: int, ids: list[str] | None = None) -> Split:
+    """Seeded train/validation split of store indices 0..n-1. With the samples' ids, both the split and the order the
+    epochs shuffle from follow the ids, not the store's order: a store written in a different order (a generate run
+    that was interrupted and resumed finishes its prompts in another order) gives the same split and the same steps."""
+    canonical = sorted(range(n), key=ids.__getitem__) if ids is not None else list(range(n))
     g = torch.Generator().manual_seed(seed)
-    perm = torch.randperm(n, generator=g).tolist()
+    perm = [canonical[j] for j in torch.randperm(n, generator=g).tolist()]
     n_val = min(int(round(n * val_fraction)), val_max)
     if val_fraction > 0 and n >= 20:
         n_val = max(n_val, 1)
-    return Split(sorted(perm[n_val:]), sorted(perm[:n_val]))
+    rank = {i: r for r, i in enumerate(canonical)}
+    return Split(sorted(perm[n_val:], key=rank.__getitem__), sorted(perm[:n_val], key=rank.__getitem__))
 
 
 def pack_rows(indices: list[int], lengths: list[int], max_seq_len: int, packing: bool,

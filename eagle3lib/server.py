@@ -21,6 +21,8 @@ from typing import Any
 
 import httpx
 
+from eagle3lib.guard import popen_guarded
+
 
 class ServerError(RuntimeError):
     pass
@@ -143,7 +145,7 @@ class VLLMServer:
         log = open(self.log_path, "ab")
         log.write(f"\n$ {' '.join(self.command())}\n".encode())
         log.flush()
-        self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        self.proc = popen_guarded(self.command(), grace_s=30.0, stdout=log, stderr=subprocess.STDOUT, env=env)
         log.close()
         try:
             wait_healthy(self.base_url, self.startup_timeout_s, self.proc, self.log_path)

@@ -51,6 +51,7 @@ from eagle3lib.drafter import (
     init_from_verifier,
     load_verifier_head,
 )
+from eagle3lib.guard import popen_guarded
 from eagle3lib.manifest import StageTimer, now_iso, read_manifest, update_manifest
 from eagle3lib.metrics import MetricsWriter, all_reduce_, console_line, peak_mem_mb, read_metrics
 from eagle3lib.packing import Plan, collate, deal, make_plan, row_tokens, split_samples, val_rows
@@ -97,7 +98,10 @@ def _barrier() -> None:
 
 def _log(msg: str) -> None:
     if _rank() == 0:
-        print(f"[train {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+        try:
+            print(f"[train {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+        except OSError:  # whoever read our console is gone (a killed notebook kernel): the run and its files go on
+            sys.stdout = open(os.devnull, "w")
 
 
 def lr_at(step: int, cfg, total_steps: int) -> float:
@@ -199,7 +203,7 @@ def _train(ctx, cfg, vcfg, on_record) -> dict[str, Any]:
         if n_all == 0:
             raise TrainingError(f"{store_dir}: the hidden-state store holds no samples (did the extract stage run?)")
         lengths = reader.lengths
-        split = split_samples(n_all, cfg.val_fraction, cfg.val_max_samples, cfg.seed)
+        split = split_samples(n_all, cfg.val_fraction, cfg.val_max_samples, cfg.seed, reader.ids[:n_all])
         if not split.train:
             raise TrainingError(f"{store_dir}: no training samples left after the validation split ({n_all} samples)")
         truncated = sum(1 for i in split.train if lengths[i] > cfg.max_seq_len)
@@ -642,8 +646,8 @@ def launch(ctx, *, echo=print) -> dict[str, Any]:
     """
     cmd = launch_command(ctx)
     echo("$ " + " ".join(cmd))
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
-                            env=launch_env(ctx), cwd=str(REPO_ROOT), start_new_session=True)
+    proc = popen_guarded(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
+                         env=launch_env(ctx), cwd=str(REPO_ROOT))
     tail: list[str] = []
     try:
         for line in proc.stdout:

@@ -338,3 +338,25 @@ def test_packing_plan_is_balanced_and_deterministic():
     assert a.steps == b.steps and len(a.steps) == 3 and len(a.steps[2]) < len(a.steps[0])
     assert a.steps[0] != a.steps[1]  # a new order every epoch
     assert a.epoch_float(len(a.steps[0]) - 1) == 1.0
+
+
+def test_plan_does_not_depend_on_the_store_order():
+    """A resumed generate run finishes its prompts in another order, so the store's order differs; the split and the
+    steps, by sample id, must not."""
+    from types import SimpleNamespace
+
+    from eagle3lib.packing import make_plan, split_samples
+
+    g = torch.Generator().manual_seed(1)
+    ids = [f"p{i:04d}" for i in range(300)]
+    lengths = torch.randint(20, 300, (300,), generator=g).tolist()
+    cfg = SimpleNamespace(epochs=2, max_seq_len=1024, packing=True, seed=0, batch_rows=2)
+
+    def steps_by_id(order: list[int]) -> list:
+        sid, ln = [ids[i] for i in order], [lengths[i] for i in order]
+        split = split_samples(len(order), 0.05, 200, cfg.seed, sid)
+        plan = make_plan(split.train, ln, cfg)
+        return [sid[i] for i in split.val], [[[sid[i] for i in row] for row in st] for ep in plan.steps for st in ep]
+
+    shuffled = torch.randperm(300, generator=g).tolist()
+    assert steps_by_id(list(range(300))) == steps_by_id(shuffled)
