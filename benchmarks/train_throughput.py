@@ -62,6 +62,15 @@ from eagle3lib.ttt import MicroBatch, TTTModel, counted_per_step, summarize  # n
 # ------------------------------------------------------------------------------------------------------ data
 
 
+
+def _optimizer_step(loss: torch.Tensor, model: torch.nn.Module, opt: torch.optim.Optimizer) -> float:
+    """The same update for every variant: backward, clip to 0.5 (the EAGLE-3 reference), AdamW step."""
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return float(loss.detach())
+
 class SyntheticReader:
     """Random hidden states with given lengths; deterministic per index (the HiddenStateReader interface used here)."""
 
@@ -156,11 +165,7 @@ class OursRunner:
     def step(self, mb: MicroBatch) -> float:
         den = torch.tensor(counted_per_step(mb.loss_mask, mb.doc, 3), dtype=torch.float32)
         loss, _ = self.m(mb, den)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(self.m.parameters(), 0.5)
-        self.opt.step()
-        self.opt.zero_grad(set_to_none=True)
-        return float(loss.detach())
+        return _optimizer_step(loss, self.m, self.opt)
 
     def drafter(self) -> Eagle3Drafter:
         return self.m.drafter
@@ -243,11 +248,7 @@ class SpecRunner:
                             position_ids=b["position_ids"],
                             verifier_last_hidden_states=b["verifier_last_hidden_states"].float(), ttt_steps=3,
                             ttt_step_loss_decay=0.8, loss_config=self.loss_cfg)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(self.m.parameters(), 0.5)
-        self.opt.step()
-        self.opt.zero_grad(set_to_none=True)
-        return float(loss.detach())
+        return _optimizer_step(loss, self.m, self.opt)
 
     def drafter(self) -> Eagle3Drafter:
         """Their weights carry our tensor names (fc, layers.0.*, norm, lm_head): load them into our drafter."""

@@ -5,6 +5,7 @@ import os
 from pathlib import Path
 
 import pytest
+import torch
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -14,6 +15,16 @@ def _self_contained_caches(tmp_path_factory):
     os.environ.setdefault("VLLM_CACHE_ROOT", str(root / "vllm"))
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(root / "inductor"))
     yield
+
+
+@pytest.fixture
+def one_thread():
+    """Tiny models, batch-1 decoding: one torch thread is fastest, and two threads on 2 contended cores run ~10x
+    slower (an OpenMP region stalls whenever one of its threads is descheduled)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
 
 
 @pytest.fixture(scope="session")

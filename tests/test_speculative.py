@@ -29,13 +29,7 @@ AUX = [2, 4, 5]
 EOS = [2, 0]
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Batch-1 decoding of tiny models: one thread is fastest and leaves the other core to the rest."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.py
 
 
 @pytest.fixture(scope="module")

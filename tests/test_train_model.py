@@ -24,13 +24,7 @@ from eagle3lib.ttt import (
 H, V, VD = 32, 50, 20
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """These models are tiny: one thread avoids oversubscribing the 2 cores (10x slower when contended)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.py
 
 
 def make_drafter(seed: int = 0, **kw) -> Eagle3Drafter:
