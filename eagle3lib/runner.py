@@ -11,6 +11,7 @@ import os
 import shutil
 import sys
 import time
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -91,6 +92,22 @@ def run_stage(stage: Stage, profile: str, run_dir: Path, overrides: dict[str, An
     update_manifest(stage_dir, **fields)
 
 
+# What each stage consumes: a stage finished before its input was re-made is stale.
+INPUT_STAGE = {"extract": "generate", "train": "extract", "evaluate": "train"}
+
+
+def stale_reason(run_dir: Path, name: str) -> str | None:
+    """Why the complete stage `name` no longer matches its input (None if it does)."""
+    upstream = INPUT_STAGE.get(name)
+    mine = read_manifest(run_dir / name)
+    theirs = read_manifest(run_dir / upstream) if upstream else None
+    if not (mine and theirs and mine.get("started_at") and theirs.get("finished_at")):
+        return None
+    if datetime.fromisoformat(theirs["finished_at"]) > datetime.fromisoformat(mine["started_at"]):
+        return f"{upstream} was re-run after it ({theirs['finished_at']})"
+    return None
+
+
 def run_pipeline(
     profile: str,
     run_dir: str | Path,
@@ -114,6 +131,11 @@ def run_pipeline(
         if force and (run_dir / stage.name).exists():
             shutil.rmtree(run_dir / stage.name)  # --force means from scratch: resumable stages would otherwise resume
         m = read_manifest(run_dir / stage.name)
+        stale = stale_reason(run_dir, stage.name)
+        if stale and m and m.get("status") == "complete" and not stage.always_run:
+            _say(f"[{i}/{len(selected)}] {stage.name}: {stale}: running it again from scratch")
+            shutil.rmtree(run_dir / stage.name)
+            m = None
         if m and m.get("status") == "complete" and not force and not stage.always_run:
             diffs = _param_diff(m.get("params", {}), expected)
             note = f" (parameters changed: {'; '.join(diffs)}; use --force to re-run)" if diffs else ""

@@ -378,6 +378,9 @@ def _loop(ctx, cfg, dcfg, module, ttt, opt, plan: Plan, vrows, reader, lengths, 
                 "oov_step0": oov_total, "counted_step0": counted0_total,
                 "drafter_config": dcfg.to_dict(), "draft_ids": vocab.draft_ids,
                 "data": {"epoch": plan.locate(step - 1)[0] if step else 0, "seed": cfg.seed},
+                # the open logging window: a run resumed mid-window writes the same record as an uninterrupted one
+                "window": {"stats": window.stats.cpu(), "tokens": window.tokens, "samples": window.samples,
+                           "seconds": window.seconds, "steps": window.steps},
             }
             save_drafter(state, dcfg, path, training_state)
             prune_checkpoints(ckpt_root, cfg.keep_checkpoints)
@@ -389,6 +392,10 @@ def _loop(ctx, cfg, dcfg, module, ttt, opt, plan: Plan, vrows, reader, lengths, 
     run_samples = 0
     train_time = 0.0
     window = _Window(K, device)
+    if "window" in rs:
+        w = rs["window"]
+        window.stats += w["stats"].to(device)
+        window.tokens, window.samples, window.seconds, window.steps = w["tokens"], w["samples"], w["seconds"], w["steps"]
     last_train: dict[str, Any] = {}
     last_val: dict[str, Any] = {}
     grad_norm = float("nan")

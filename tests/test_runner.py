@@ -58,3 +58,21 @@ def test_stage_runs_then_is_skipped_and_index_links_it(tiny_verifier, tmp_path):
     # --force re-runs from scratch
     r3 = run_cli(*args, "--force")
     assert r3.returncode == 0 and "verifier: complete in" in r3.stderr
+
+
+def test_a_stage_older_than_its_input_is_stale(tmp_path):
+    """`--stages train --force` re-makes the drafter: the evaluation of the old one must not be skipped as complete."""
+    from eagle3lib.runner import stale_reason
+
+    def manifest(stage, started, finished):
+        (tmp_path / stage).mkdir(exist_ok=True)
+        (tmp_path / stage / "manifest.json").write_text(json.dumps(
+            {"stage": stage, "status": "complete", "started_at": started, "finished_at": finished}))
+
+    manifest("train", "2026-11-30T10:00:00+00:00", "2026-11-30T10:05:00+00:00")
+    manifest("evaluate", "2026-11-30T10:06:00+00:00", "2026-11-30T10:10:00+00:00")
+    assert stale_reason(tmp_path, "evaluate") is None
+    assert stale_reason(tmp_path, "train") is None  # no extract manifest: nothing to compare with
+    manifest("train", "2026-11-30T11:00:00+00:00", "2026-11-30T11:05:00+00:00")  # re-trained
+    assert "train was re-run after it" in stale_reason(tmp_path, "evaluate")
+    assert stale_reason(tmp_path, "verifier") is None  # the verifier report feeds no stage
