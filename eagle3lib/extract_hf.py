@@ -75,6 +75,17 @@ class LayerCapture:
         self._handles = []
 
 
+def pad_batch(batch: list[Tokenized], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-padded input ids and the attention mask of a batch of tokenized samples."""
+    T = max(len(s) for s in batch)
+    ids = torch.full((len(batch), T), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(batch), T), dtype=torch.long)
+    for b, s in enumerate(batch):
+        ids[b, : len(s)] = torch.from_numpy(s.input_ids.astype("int64"))
+        mask[b, : len(s)] = 1
+    return ids, mask
+
+
 def pick_device(device: str) -> str:
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
@@ -120,12 +131,7 @@ class HFExtractor:
 
     @torch.inference_mode()
     def forward(self, batch: list[Tokenized]) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        T = max(len(s) for s in batch)
-        ids = torch.full((len(batch), T), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(batch), T), dtype=torch.long)
-        for b, s in enumerate(batch):
-            ids[b, : len(s)] = torch.from_numpy(s.input_ids.astype("int64"))
-            mask[b, : len(s)] = 1
+        ids, mask = pad_batch(batch, self.pad_id)
         self.base(input_ids=ids.to(self.input_device), attention_mask=mask.to(self.input_device), use_cache=False)
         aux, final = self.capture.pop()
         aux, final = aux.cpu(), final.cpu()

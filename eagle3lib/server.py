@@ -130,7 +130,7 @@ class VLLMServer:
             cmd += ["--speculative-config", json.dumps(self.speculative_config)]
         if self.trust_remote_code:
             cmd += ["--trust-remote-code"]
-        if _has_cuda():
+        if has_cuda():
             cmd += ["--gpu-memory-utilization", str(self.gpu_memory_utilization)]
         return cmd + list(self.extra_args)
 
@@ -176,7 +176,7 @@ class VLLMServer:
         self.stop()
 
 
-def _has_cuda() -> bool:
+def has_cuda() -> bool:
     try:
         import torch
 

@@ -253,35 +253,19 @@ def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
 
 
 def _chat(server, prompts, max_tokens=96) -> list[str]:
-    import httpx
+    from eagle3lib.chat_api import chat_once
 
     out = []
     for p in prompts:
-        r = httpx.post(f"{server.base_url}/v1/chat/completions", timeout=300, json={
-            "model": server.served_model_name or server.model, "messages": p, "max_tokens": max_tokens,
-            "temperature": 0})
-        r.raise_for_status()
-        msg = r.json()["choices"][0]["message"]
-        out.append(f"{msg.get('reasoning') or ''}|{msg.get('content') or ''}")
+        r = chat_once(server.endpoint(), p, timeout_s=300, max_tokens=max_tokens, temperature=0)
+        out.append(f"{r.reasoning or ''}|{r.content or ''}")
     return out
-
-
-def _spec_counters(server) -> dict[str, float]:
-    import re
-
-    import httpx
-
-    vals: dict[str, float] = {}
-    for line in httpx.get(f"{server.base_url}/metrics", timeout=30).text.splitlines():
-        m = re.match(r"^vllm:spec_decode_(num_accepted_tokens|num_drafts)(?:_total)?(?:\{[^}]*\})? ([0-9.e+]+)$", line)
-        if m:
-            vals[m.group(1)] = vals.get(m.group(1), 0.0) + float(m.group(2))
-    return vals
 
 
 @pytest.mark.slow
 def test_vllm_serves_checkpoint_as_eagle3_speculator(trained, vllm_server, tiny_verifier, tmp_path):
     from eagle3lib.server import VLLMServer
+    from eagle3lib.spec_metrics import fetch_counters
 
     ctx, m = trained
     ckpt = ctx.dir / m["outputs"]["checkpoint"]
@@ -292,9 +276,9 @@ def test_vllm_serves_checkpoint_as_eagle3_speculator(trained, vllm_server, tiny_
     with VLLMServer(model=str(tiny_verifier), log_path=tmp_path / "spec.log", reasoning_parser="qwen3",
                     max_model_len=2048, speculative_config=spec_cfg) as spec:
         drafted = _chat(spec, prompts)
-        c = _spec_counters(spec)
+        c = fetch_counters(spec.base_url)
     assert drafted == plain  # greedy output is the verifier's, drafter or not
-    assert c.get("num_drafts", 0) > 0, c
-    tau = 1 + c["num_accepted_tokens"] / c["num_drafts"]
+    assert c.drafts > 0, c
+    tau = c.summary()["tau"]
     print(f"vLLM-measured acceptance length {tau:.3f}; training estimate {m['figures']['val_tau_est']:.3f}")
     assert tau > 1.5, f"acceptance length {tau:.3f}: the drafter is loaded but not accepted (d2t/lm_head/alignment?)"
