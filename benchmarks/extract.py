@@ -50,9 +50,9 @@ def build_mid_verifier(out: Path, tiny: Path, hidden: int = 1024, layers: int = 
 
 def samples(tok, n: int, seed: int = 99, repeat: int = 1):
     """Corpus conversations; `repeat` > 1 concatenates several into one longer sample (closer to real lengths)."""
-    from eagle3lib.datasets import Conversation
+    from eagle3lib.data.chat_tokens import ChatTokenizer, TokenizeStats
+    from eagle3lib.data.datasets import Conversation
     from eagle3lib.tiny import corpus
-    from eagle3lib.tokenize_chat import ChatTokenizer, TokenizeStats
 
     convs = []
     for i in range(n):
@@ -94,8 +94,8 @@ def child_hf(model_dir: str, mode: str, n: int, repeat: int, batch_tokens: int, 
     machine hit both alike."""
     from transformers import AutoTokenizer
 
-    from eagle3lib.extract_hf import HFExtractor, length_batches, pad_batch
-    from eagle3lib.verifier import default_aux_layers, load_hf_model
+    from eagle3lib.model.hf_extract import HFExtractor, length_batches, pad_batch
+    from eagle3lib.model.verifier import default_aux_layers, load_hf_model
 
     torch.set_num_threads(threads)
     dev = "cuda" if torch.cuda.is_available() else "cpu"
@@ -181,9 +181,9 @@ def hf_vs_vllm(model_dir: Path, n: int, repeat: int, batch_tokens: int, threads:
     from transformers import AutoConfig, AutoTokenizer
 
     from eagle3lib.config.verifier import VerifierConfig
-    from eagle3lib.extract_hf import HFExtractor
-    from eagle3lib.extract_vllm import VLLMExtractor
-    from eagle3lib.verifier import default_aux_layers, load_hf_model
+    from eagle3lib.model.hf_extract import HFExtractor
+    from eagle3lib.model.verifier import default_aux_layers, load_hf_model
+    from eagle3lib.vllm.hidden_states import VLLMExtractor
 
     tok = AutoTokenizer.from_pretrained(model_dir)
     data = samples(tok, n, repeat=repeat)
@@ -228,9 +228,9 @@ def hf_vs_vllm(model_dir: Path, n: int, repeat: int, batch_tokens: int, threads:
 def bytes_per_token_measured(model_dir: Path, n: int, work: Path, threads: int) -> dict:
     from transformers import AutoConfig, AutoTokenizer
 
-    from eagle3lib.extract_hf import HFExtractor
-    from eagle3lib.hidden_store import HiddenSample, HiddenStateWriter, bytes_per_token
-    from eagle3lib.verifier import default_aux_layers, load_hf_model
+    from eagle3lib.data.hidden_store import HiddenSample, HiddenStateWriter, bytes_per_token
+    from eagle3lib.model.hf_extract import HFExtractor
+    from eagle3lib.model.verifier import default_aux_layers, load_hf_model
 
     torch.set_num_threads(threads)
     tok = AutoTokenizer.from_pretrained(model_dir)

@@ -37,8 +37,8 @@ main(parser.parse_args(sys.argv[1:]))
 """
 RUN_STAGE = """
 import json, sys
-from eagle3lib.params import load_profile
-from eagle3lib.generate import generate
+from eagle3lib.config.profile import load_profile
+from eagle3lib.stages.generate import generate
 prof = load_profile(sys.argv[1], sections=["generate"])
 res = generate(prof.section("generate"), prof.verifier, sys.argv[2])
 print("RESULT " + json.dumps(res["figures"]))
@@ -46,7 +46,7 @@ print("RESULT " + json.dumps(res["figures"]))
 
 
 def make_datasets(work: Path, n: int) -> tuple[Path, Path]:
-    from eagle3lib.datasets import load_conversations
+    from eagle3lib.data.datasets import load_conversations
 
     convs = load_conversations("builtin:tiny-train", max_samples=n)
     texts = [next(m["content"] for m in reversed(c.messages) if m["role"] == "user") for c in convs]
@@ -106,8 +106,8 @@ def main() -> int:
         if args.server_url:
             url = args.server_url.rstrip("/").removesuffix("/v1")
         else:
-            from eagle3lib.server import VLLMServer
             from eagle3lib.tiny.build import tiny_verifier_path
+            from eagle3lib.vllm.server import VLLMServer
 
             server = VLLMServer(model=str(tiny_verifier_path()), log_path=work / "vllm.log", reasoning_parser="qwen3")
             t0 = time.time()

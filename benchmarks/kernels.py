@@ -21,9 +21,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kernels.draft_loss import draft_kl_loss, draft_kl_loss_reference  # noqa: E402
-from kernels.launch import draft_loss_config, rmsnorm_config, smem_budget  # noqa: E402
-from kernels.rmsnorm import rms_norm, rms_norm_reference  # noqa: E402
+from eagle3lib.kernels.draft_loss import draft_kl_loss, draft_kl_loss_reference  # noqa: E402
+from eagle3lib.kernels.launch import draft_loss_config, rmsnorm_config, smem_budget  # noqa: E402
+from eagle3lib.kernels.rmsnorm import rms_norm, rms_norm_reference  # noqa: E402
 
 
 def measure(step: Callable[[], None], iters: int) -> tuple[float, float]:

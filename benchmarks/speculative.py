@@ -1,4 +1,4 @@
-"""Library speculative decoding vs plain decoding, wall clock, side by side in one run (eagle3lib.speculative).
+"""Library speculative decoding vs plain decoding, wall clock, side by side in one run (eagle3lib.model.speculative).
 
   .venv/bin/python benchmarks/speculative.py --checkpoint RUN/train/final        # a trained drafter of the tiny verifier
   .venv/bin/python benchmarks/speculative.py --checkpoint ... --k 1 2 3 4 --prompts 16 --json out.json
@@ -41,7 +41,7 @@ class ReplayDrafter:
         pass
 
     def propose(self, inp, k, temperature, generator):
-        from eagle3lib.speculative import Proposal
+        from eagle3lib.model.speculative import Proposal
 
         start = inp.tokens.numel() - self.prompt_len
         nxt = self.reference[start : start + k]
@@ -50,7 +50,7 @@ class ReplayDrafter:
 
 
 def prompts_for(tok, n: int) -> list[list[int]]:
-    from eagle3lib.datasets import load_conversations
+    from eagle3lib.data.datasets import load_conversations
 
     convs = load_conversations("builtin:tiny-heldout", shuffle=True, seed=0)[:n]
     return [tok.apply_chat_template(c.prompt(), add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]
@@ -58,7 +58,7 @@ def prompts_for(tok, n: int) -> list[list[int]]:
 
 
 def bench(verifier_model, drafters: dict, prompts, k: int, max_tokens: int, eos: list[int]) -> list[dict]:
-    from eagle3lib.speculative import Verifier, plain_decode, speculative_decode
+    from eagle3lib.model.speculative import Verifier, plain_decode, speculative_decode
 
     v = Verifier(verifier_model)
     plain_decode(v, prompts[0], 8, eos=eos)  # warm-up
@@ -103,9 +103,9 @@ def main() -> int:
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
 
-    from eagle3lib.speculative import EagleDrafter, RandomDrafter
+    from eagle3lib.model.speculative import EagleDrafter, RandomDrafter
+    from eagle3lib.model.verifier import load_hf_model, load_tokenizer
     from eagle3lib.tiny.build import tiny_verifier_path
-    from eagle3lib.verifier import load_hf_model, load_tokenizer
 
     tiny = tiny_verifier_path(progress=False)
     tok = load_tokenizer(str(tiny))
@@ -115,7 +115,7 @@ def main() -> int:
     V = model.config.vocab_size
     drafters: dict = {}
     if a.checkpoint and not a.no_drafter:
-        from eagle3lib.checkpoint import load_drafter
+        from eagle3lib.model.checkpoint import load_drafter
 
         d, _ = load_drafter(a.checkpoint, verifier_path=str(tiny))
         drafters["eagle"] = lambda i, ids, ref: EagleDrafter(d)

@@ -47,17 +47,17 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests"))
 
-from eagle3lib.draft_vocab import build_draft_vocab, count_loss_tokens  # noqa: E402
-from eagle3lib.drafter import (  # noqa: E402
+from eagle3lib.data.hidden_store import HiddenSample  # noqa: E402
+from eagle3lib.data.packing import collate, pack_rows  # noqa: E402
+from eagle3lib.model.draft_vocab import build_draft_vocab, count_loss_tokens  # noqa: E402
+from eagle3lib.model.drafter import (  # noqa: E402
     DrafterConfig,
     Eagle3Drafter,
     VerifierHead,
     init_from_verifier,
     load_verifier_head,
 )
-from eagle3lib.hidden_store import HiddenSample  # noqa: E402
-from eagle3lib.packing import collate, pack_rows  # noqa: E402
-from eagle3lib.ttt import MicroBatch, TTTModel, counted_per_step, summarize  # noqa: E402
+from eagle3lib.model.ttt import MicroBatch, TTTModel, counted_per_step, summarize  # noqa: E402
 
 # ------------------------------------------------------------------------------------------------------ data
 
@@ -105,7 +105,7 @@ class Setup:
 def tiny_setup() -> Setup:
     from train_fixtures import cached_store
 
-    from eagle3lib.hidden_store import HiddenStateReader
+    from eagle3lib.data.hidden_store import HiddenStateReader
     from eagle3lib.tiny.build import tiny_verifier_path
 
     vp = tiny_verifier_path()

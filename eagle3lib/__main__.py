@@ -1,6 +1,6 @@
 """Command line: `python -m eagle3lib run --profile tiny --run-dir runs/demo`, and a few helpers.
 
-  run            execute stage notebooks in order into a run directory (see eagle3lib.runner)
+  run            execute stage notebooks in order into a run directory (see eagle3lib.pipeline.runner)
   params         print a profile as validated, overrides applied
   stages         list the stages and their notebooks
   build-verifier build (or find in the cache) the embedded tiny verifier and print its path
@@ -12,7 +12,7 @@ import argparse
 import json
 import sys
 
-from eagle3lib.params import ParamsError, load_profile, parse_set
+from eagle3lib.config.profile import ParamsError, load_profile, parse_set
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -33,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         if args.cmd == "run":
-            from eagle3lib.runner import StageFailed, run_pipeline
+            from eagle3lib.pipeline.runner import StageFailed, run_pipeline
 
             stages = [s.strip() for s in args.stages.split(",") if s.strip()] if args.stages else None
             try:
@@ -50,8 +50,8 @@ def main(argv: list[str] | None = None) -> int:
             prof = load_profile(args.profile, parse_set(args.overrides))
             print(json.dumps({"profile": str(prof.path), **prof.as_dict()}, indent=2))
         elif args.cmd == "stages":
-            from eagle3lib.paths import NOTEBOOKS_DIR
-            from eagle3lib.stages import STAGES
+            from eagle3lib.config.stages import STAGES
+            from eagle3lib.core.paths import NOTEBOOKS_DIR
 
             for s in STAGES:
                 mark = "" if (NOTEBOOKS_DIR / s.notebook).exists() else "  (not in this checkout yet)"

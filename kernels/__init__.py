@@ -18,10 +18,10 @@ from typing import Literal
 
 import torch
 
-from kernels import draft_loss as _draft_loss
-from kernels import rmsnorm as _rmsnorm
-from kernels.draft_loss import DraftLossOutput, Kind, Reduction
-from kernels.launch import DraftLossConfig, RMSNormConfig, draft_loss_config, rmsnorm_config, smem_budget
+from . import draft_loss as _draft_loss
+from . import rmsnorm as _rmsnorm
+from .draft_loss import DraftLossOutput, Kind, Reduction
+from .launch import DraftLossConfig, RMSNormConfig, draft_loss_config, rmsnorm_config, smem_budget
 
 __all__ = [
     "DraftLossConfig",

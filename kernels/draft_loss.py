@@ -26,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.launch import DraftLossConfig, draft_loss_config, smem_budget
+from .launch import DraftLossConfig, draft_loss_config, smem_budget
 
 Kind = Literal["kl", "ce"]
 Reduction = Literal["none", "sum", "mean"]

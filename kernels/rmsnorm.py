@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.launch import RMSNormConfig, rmsnorm_config, sm_count, smem_budget
+from .launch import RMSNormConfig, rmsnorm_config, sm_count, smem_budget
 
 
 @triton.jit

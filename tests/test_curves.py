@@ -12,7 +12,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from eagle3lib.curves import (
+from eagle3lib.analysis.curves import (
     expand_sources,
     latest,
     load_run,

@@ -24,10 +24,10 @@ from pathlib import Path
 import pytest
 from train_fixtures import cached_store, make_run_dir
 
-from eagle3lib.evaluate import EvaluateError, run_evaluate
-from eagle3lib.manifest import read_manifest
-from eagle3lib.paths import REPO_ROOT, cache_dir
-from eagle3lib.stages import open_stage
+from eagle3lib.config.stages import open_stage
+from eagle3lib.core.manifest import read_manifest
+from eagle3lib.core.paths import REPO_ROOT, cache_dir
+from eagle3lib.stages.evaluate import EvaluateError, run_evaluate
 
 K = 3
 TOL = 0.02  # |tau_lib - tau_vllm| and per-position rates, greedy, both fp32 (see the module docstring)
@@ -53,7 +53,7 @@ def _trained_train_dir(tiny_verifier: Path) -> Path:
             tmp = root / f".tmp-{out.name}-{os.getpid()}"
             shutil.rmtree(tmp, ignore_errors=True)
             run = make_run_dir(tmp, cached_store(tiny_verifier, 300))
-            from eagle3lib.train import train
+            from eagle3lib.stages.train import train
 
             train(open_stage("train", "tiny", run, TRAIN))
             shutil.rmtree(tmp / "train" / "checkpoints", ignore_errors=True)
@@ -80,7 +80,7 @@ def _run_dir(tmp: Path, train_dir: Path) -> Path:
 @pytest.fixture(scope="module")
 def servers(tiny_verifier, train_dir, tmp_path_factory, request):
     """(spec server, base server). The spec server starts in the background while the shared base server starts."""
-    from eagle3lib.server import VLLMServer
+    from eagle3lib.vllm.server import VLLMServer
 
     ckpt = train_dir / "final"
     spec = VLLMServer(model=str(tiny_verifier), log_path=tmp_path_factory.mktemp("vllm-spec") / "server.log",

@@ -13,12 +13,12 @@ import torch
 
 from eagle3lib.config.extract import ExtractConfig
 from eagle3lib.config.verifier import VerifierConfig
-from eagle3lib.extract import ExtractError, InsufficientDiskError, run_extract_dirs
-from eagle3lib.extract_hf import HFExtractor
-from eagle3lib.hidden_store import HiddenStateReader
-from eagle3lib.manifest import read_manifest
+from eagle3lib.core.manifest import read_manifest
+from eagle3lib.data.chat_tokens import ChatTokenizer, TokenizeStats
+from eagle3lib.data.hidden_store import HiddenStateReader
+from eagle3lib.model.hf_extract import HFExtractor
+from eagle3lib.stages.extract import ExtractError, InsufficientDiskError, run_extract_dirs
 from eagle3lib.tiny import corpus
-from eagle3lib.tokenize_chat import ChatTokenizer, TokenizeStats
 
 FIGURES = ["verifier", "aux_layer_ids", "num_layers", "hidden_size", "vocab_size", "dtype", "samples", "tokens",
            "loss_tokens", "bytes", "bytes_per_token", "wall_s", "samples_per_s", "tokens_per_s", "backend",
@@ -34,13 +34,13 @@ def tok(tiny_verifier):
 
 @pytest.fixture(scope="module")
 def model32(tiny_verifier):
-    from eagle3lib.verifier import load_hf_model
+    from eagle3lib.model.verifier import load_hf_model
 
     return load_hf_model(str(tiny_verifier), dtype="float32")
 
 
 def _tokenized(tok, n, seed=11, max_seq_len=2048):
-    from eagle3lib.datasets import Conversation
+    from eagle3lib.data.datasets import Conversation
 
     convs = [Conversation(f"c{i}", corpus.sample(seed, i)["messages"]) for i in range(n)]
     return list(ChatTokenizer(tok, max_seq_len)(convs, TokenizeStats()))
@@ -220,7 +220,7 @@ def test_notebook_runs_headless(tmp_path, tiny_verifier):
     """The notebook's wiring: papermill with a prefill-only dataset source; the manifest is what the library wrote."""
     import papermill as pm
 
-    from eagle3lib.paths import NOTEBOOKS_DIR
+    from eagle3lib.core.paths import NOTEBOOKS_DIR
 
     data = tmp_path / "convs.jsonl"
     data.write_text("".join(json.dumps({"id": f"n{i}", "messages": corpus.sample(4, i)["messages"]}) + "\n" for i in range(6)))

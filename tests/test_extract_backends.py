@@ -14,12 +14,12 @@ import torch
 
 from eagle3lib.config.extract import ExtractConfig
 from eagle3lib.config.verifier import VerifierConfig
-from eagle3lib.datasets import Conversation
-from eagle3lib.extract import run_extract_dirs
-from eagle3lib.extract_hf import HFExtractor
-from eagle3lib.hidden_store import HiddenStateReader
+from eagle3lib.data.chat_tokens import ChatTokenizer, TokenizeStats
+from eagle3lib.data.datasets import Conversation
+from eagle3lib.data.hidden_store import HiddenStateReader
+from eagle3lib.model.hf_extract import HFExtractor
+from eagle3lib.stages.extract import run_extract_dirs
 from eagle3lib.tiny import corpus
-from eagle3lib.tokenize_chat import ChatTokenizer, TokenizeStats
 
 pytestmark = pytest.mark.slow
 AUX = [2, 4, 5]
@@ -37,7 +37,7 @@ def samples(tiny_verifier):
 
 @pytest.fixture(scope="module")
 def vllm_extractor(tiny_verifier, tmp_path_factory):
-    from eagle3lib.extract_vllm import VLLMExtractor
+    from eagle3lib.vllm.hidden_states import VLLMExtractor
 
     vcfg = VerifierConfig(model=str(tiny_verifier), dtype="float32", max_model_len=2048)
     ex = VLLMExtractor(str(tiny_verifier), vcfg, AUX, 8, tmp_path_factory.mktemp("vllm-extract"), 2048, concurrency=4,
@@ -47,7 +47,7 @@ def vllm_extractor(tiny_verifier, tmp_path_factory):
 
 
 def _hf(tiny_verifier, samples, dtype):
-    from eagle3lib.verifier import load_hf_model
+    from eagle3lib.model.verifier import load_hf_model
 
     ex = HFExtractor("", AUX, model=load_hf_model(str(tiny_verifier), dtype=dtype), device="cpu")
     try:
@@ -97,9 +97,9 @@ def test_stage_on_the_vllm_backend(tmp_path, tiny_verifier, samples, vllm_extrac
 
 def test_unsorted_layer_ids_are_permuted_back(tiny_verifier, tmp_path):
     """vLLM emits captured layers in layer order; the extractor maps them back to the order asked for."""
-    from eagle3lib.extract_vllm import VLLMExtractor, speculative_config
+    from eagle3lib.vllm.hidden_states import VLLMExtractor, speculative_config
 
     ex = VLLMExtractor(str(tiny_verifier), VerifierConfig(model=str(tiny_verifier)), [5, 2, 4], 8, tmp_path, 2048)
     assert ex.layer_ids == [2, 4, 5, 8] and ex.aux_pos == [2, 0, 1]
     assert speculative_config(ex.layer_ids)["draft_model_config"]["hf_config"]["eagle_aux_hidden_state_layer_ids"] == [2, 4, 5, 8]
-    assert "--kv-transfer-config" in ex.server.command() and "eagle3lib.vllm_connector" in " ".join(ex.server.command())
+    assert "--kv-transfer-config" in ex.server.command() and "eagle3lib.vllm.connector" in " ".join(ex.server.command())

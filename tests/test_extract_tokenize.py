@@ -7,9 +7,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from eagle3lib.datasets import Conversation
+from eagle3lib.data.chat_tokens import ChatTokenizer, TokenizeError, TokenizeStats, has_generation_markers
+from eagle3lib.data.datasets import Conversation
 from eagle3lib.tiny import corpus
-from eagle3lib.tokenize_chat import ChatTokenizer, TokenizeError, TokenizeStats, has_generation_markers
 
 # Qwen3's template logic (reasoning rendered only for assistant turns after the last user query, '<|im_end|>\n' after
 # every turn, no generation markers), reduced to the roles the corpus uses. MARKED is the same with the assistant

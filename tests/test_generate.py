@@ -23,11 +23,11 @@ import yaml
 
 from eagle3lib.config.generate import GenerateConfig
 from eagle3lib.config.verifier import VerifierConfig
-from eagle3lib.datasets import DatasetError, load_conversations
-from eagle3lib.generate import GenerateError, generate, iter_generated, load_prompts
-from eagle3lib.manifest import read_manifest
-from eagle3lib.server import ServerError, VLLMServer, free_port
-from eagle3lib.shards import ShardsLocked, ShardWriter, iter_records, list_shards
+from eagle3lib.core.manifest import read_manifest
+from eagle3lib.data.datasets import DatasetError, load_conversations
+from eagle3lib.data.shards import ShardsLocked, ShardWriter, iter_records, list_shards
+from eagle3lib.stages.generate import GenerateError, generate, iter_generated, load_prompts
+from eagle3lib.vllm.server import ServerError, VLLMServer, free_port
 
 pytestmark = pytest.mark.slow
 FIXTURES = Path(__file__).parent / "fixtures" / "generate"
@@ -37,9 +37,9 @@ MANIFEST_FIGURES = ("samples_total", "samples_ok", "samples_failed", "samples_tr
 RUN_STAGE = """
 import json, sys
 from pathlib import Path
-from eagle3lib.params import load_profile
-from eagle3lib.stages import StageContext, get_stage
-from eagle3lib.generate import run_generate
+from eagle3lib.config.profile import load_profile
+from eagle3lib.config.stages import StageContext, get_stage
+from eagle3lib.stages.generate import run_generate
 prof = load_profile(sys.argv[1], sections=["generate"])
 run_generate(StageContext(get_stage("generate"), prof, Path(sys.argv[2])))
 """

@@ -1,5 +1,5 @@
 # Run: .venv/bin/python -m pytest tests/test_guard.py -q
-"""The guard around vLLM servers and training runs (eagle3lib/guard.py), with real processes: a killed parent takes its
+"""The guard around vLLM servers and training runs (eagle3lib/core/guard.py), with real processes: a killed parent takes its
 guarded tree with it, the command sees one SIGTERM (its orderly shutdown) before any SIGKILL, and killpg on the guard
 returns only once the command has exited."""
 
@@ -13,7 +13,7 @@ import textwrap
 import time
 from pathlib import Path
 
-from eagle3lib.guard import popen_guarded
+from eagle3lib.core.guard import popen_guarded
 
 # A command with an orderly shutdown: on SIGTERM it records the signal, takes a moment (a checkpoint write), exits 0.
 GRACEFUL = textwrap.dedent("""
@@ -65,7 +65,7 @@ def test_killed_parent_stops_the_guarded_command(tmp_path):
     # `finally`, no context-manager exit.
     parent = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
         import time
-        from eagle3lib.guard import popen_guarded
+        from eagle3lib.core.guard import popen_guarded
         popen_guarded([{sys.executable!r}, {str(script)!r}, {str(log)!r}], grace_s=10)
         time.sleep(600)
     """)])

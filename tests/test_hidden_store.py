@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from eagle3lib.hidden_store import (
+from eagle3lib.data.hidden_store import (
     HiddenSample,
     HiddenStateReader,
     HiddenStateWriter,
@@ -31,7 +31,7 @@ META = {"verifier": "synthetic", "hidden_size": H, "vocab_size": 500, "num_layer
 SAMPLE_SRC = textwrap.dedent(
     """
     import torch
-    from eagle3lib.hidden_store import HiddenSample
+    from eagle3lib.data.hidden_store import HiddenSample
 
     def make_sample(i, H):
         g = torch.Generator().manual_seed(i)
@@ -131,7 +131,7 @@ def _writer_script(store: Path, n: int, spp: int, sabotage: str) -> str:
     return SAMPLE_SRC + textwrap.dedent(
         f"""
         import os, signal, sys, time
-        import eagle3lib.hidden_store as hs
+        import eagle3lib.data.hidden_store as hs
         sabotage = {sabotage!r}
         real_replace = hs.os.replace
         calls = []

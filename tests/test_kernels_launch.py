@@ -13,10 +13,10 @@ import random
 
 import pytest
 import torch
+from eagle3lib.kernels import draft_loss, launch, rmsnorm
+from eagle3lib.kernels.launch import SMEM_LIMITS, draft_loss_config, rmsnorm_config
 
-import kernels
-from kernels import draft_loss, launch, rmsnorm
-from kernels.launch import SMEM_LIMITS, draft_loss_config, rmsnorm_config
+from eagle3lib import kernels
 
 SEQ_LENS = [1, 7, 33, 2048, 8192, 16384, 32768]
 

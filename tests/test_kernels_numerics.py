@@ -76,8 +76,8 @@ if ON_GPU:  # the shapes of the real failure: long sequences, large hidden, the 
 @pytest.mark.parametrize("shape,cfg", RMS_CASES, ids=[f"{'x'.join(map(str, s))}-{c}" for s, c in RMS_CASES])
 @pytest.mark.parametrize("weight_fp32", [False, True], ids=["w=x.dtype", "w=fp32"])
 def test_rmsnorm_matches_reference(shape, cfg, dtype, weight_fp32) -> None:
-    from kernels.launch import RMSNormConfig, rmsnorm_config
-    from kernels.rmsnorm import rms_norm, rms_norm_reference
+    from eagle3lib.kernels.launch import RMSNormConfig, rmsnorm_config
+    from eagle3lib.kernels.rmsnorm import rms_norm, rms_norm_reference
 
     if weight_fp32 and dtype == torch.float32:
         pytest.skip("same as w=x.dtype")
@@ -102,8 +102,8 @@ def test_rmsnorm_matches_reference(shape, cfg, dtype, weight_fp32) -> None:
 
 @needs_kernels
 def test_rmsnorm_strided_rows_and_broadcast_grad() -> None:
-    from kernels.launch import RMSNormConfig
-    from kernels.rmsnorm import rms_norm, rms_norm_reference
+    from eagle3lib.kernels.launch import RMSNormConfig
+    from eagle3lib.kernels.rmsnorm import rms_norm, rms_norm_reference
 
     base = torch.randn(7, 300, device=DEVICE, requires_grad=True)
     weight = torch.rand(200, device=DEVICE, requires_grad=True)
@@ -143,8 +143,8 @@ def _loss_inputs(n, hidden, vocab, dtype, seed):
 @pytest.mark.parametrize("kind", ["kl", "ce"])
 @pytest.mark.parametrize("n,hidden,vocab,cfg", LOSS_CASES, ids=[f"{n}x{h}x{v}-{c}" for n, h, v, c in LOSS_CASES])
 def test_draft_loss_matches_reference(n, hidden, vocab, cfg, kind, dtype) -> None:
-    from kernels.draft_loss import draft_kl_loss, draft_kl_loss_reference
-    from kernels.launch import DraftLossConfig
+    from eagle3lib.kernels.draft_loss import draft_kl_loss, draft_kl_loss_reference
+    from eagle3lib.kernels.launch import DraftLossConfig
 
     h, w, target, mask = _loss_inputs(n, hidden, vocab, dtype, seed=n * 1000 + vocab)
     config = DraftLossConfig(cfg[0], 1, 1, cfg[1]) if cfg else None
@@ -165,8 +165,8 @@ def test_draft_loss_matches_reference(n, hidden, vocab, cfg, kind, dtype) -> Non
 
 @needs_kernels
 def test_draft_loss_reductions_masks_and_infinite_targets() -> None:
-    from kernels.draft_loss import draft_kl_loss, draft_kl_loss_reference
-    from kernels.launch import DraftLossConfig
+    from eagle3lib.kernels.draft_loss import draft_kl_loss, draft_kl_loss_reference
+    from eagle3lib.kernels.launch import DraftLossConfig
 
     h, w, target, mask = _loss_inputs(9, 32, 150, torch.float32, seed=3)
     target[:, ::7] = float("-inf")  # tokens the verifier gives zero probability
@@ -193,8 +193,7 @@ def test_draft_loss_reductions_masks_and_infinite_targets() -> None:
 
 @pytest.mark.skipif(not ON_GPU, reason="GPU only")
 def test_dispatcher_picks_triton_on_cuda() -> None:
-    import kernels
-
+    from eagle3lib import kernels
     assert kernels.select_backend(torch.device("cuda")) == "triton"
     x = torch.randn(4, 2048, device="cuda", dtype=torch.bfloat16)
     w = torch.rand(2048, device="cuda", dtype=torch.bfloat16)

@@ -35,7 +35,7 @@ VARIANTS = {("bf16", "bf16", True): (120, 90, 100), ("fp32", "fp32", False): (12
 
 def selector_choices() -> tuple[set, set]:
     """Every RMSNorm and draft-loss kernel config the selectors return over the grid (kernel-relevant fields only)."""
-    from kernels.launch import SMEM_LIMITS, draft_loss_config, rmsnorm_config
+    from eagle3lib.kernels.launch import SMEM_LIMITS, draft_loss_config, rmsnorm_config
 
     budgets = {SMEM_LIMITS[(cap // 10, cap % 10)] for cap in ARCHS}
     rms, loss = set(), set()
@@ -77,8 +77,8 @@ def _compile(fn, constexprs: dict, act: str, other: str, aligned: bool, cap: int
 
 
 def compile_all() -> list[dict]:
-    from kernels import draft_loss, rmsnorm
-    from kernels.launch import smem_estimate
+    from eagle3lib.kernels import draft_loss, rmsnorm
+    from eagle3lib.kernels.launch import smem_estimate
 
     rms_cfgs, loss_cfgs = selector_choices()
     jobs = []  # (kernel name, fn, constexprs, warps, stages, estimate)
@@ -101,7 +101,7 @@ def compile_all() -> list[dict]:
 
 
 def _compile_task(task) -> dict:
-    from kernels import draft_loss, rmsnorm
+    from eagle3lib.kernels import draft_loss, rmsnorm
 
     name, const, warps, stages, est, (act, other, aligned), cap = task
     fn = getattr(rmsnorm, name, None) or getattr(draft_loss, name)
@@ -111,7 +111,7 @@ def _compile_task(task) -> dict:
 
 
 def test_every_selectable_config_fits_shared_memory(tmp_path) -> None:
-    from kernels.launch import SMEM_LIMITS
+    from eagle3lib.kernels.launch import SMEM_LIMITS
 
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env.update(TRITON_CACHE_DIR=str(tmp_path / "triton-cache"), TRITON_DEFAULT_FP_FUSION="1",

@@ -7,9 +7,9 @@ import nbformat
 import papermill as pm
 import pytest
 
-from eagle3lib.params import SECTIONS
-from eagle3lib.paths import NOTEBOOKS_DIR
-from eagle3lib.stages import STAGES
+from eagle3lib.config.profile import SECTIONS
+from eagle3lib.config.stages import STAGES
+from eagle3lib.core.paths import NOTEBOOKS_DIR
 
 NOTEBOOKS = sorted(NOTEBOOKS_DIR.glob("*.ipynb"))
 
@@ -22,7 +22,7 @@ def test_there_are_notebooks():
 def test_committed_without_outputs(path):
     nb = nbformat.read(path, as_version=4)
     dirty = [i for i, c in enumerate(nb.cells) if c.cell_type == "code" and (c.outputs or c.execution_count)]
-    assert not dirty, f"{path.name}: cells {dirty} have outputs; run `python -m eagle3lib.notebook_tools strip {path}`"
+    assert not dirty, f"{path.name}: cells {dirty} have outputs; run `python -m eagle3lib.pipeline.notebook_tools strip {path}`"
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
@@ -35,7 +35,7 @@ def test_standard_parameters(path):
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_notebook_is_a_stage(path):
     stage = next((s for s in STAGES if s.notebook == path.name), None)
-    assert stage is not None, f"{path.name} is not in eagle3lib.stages.STAGES"
+    assert stage is not None, f"{path.name} is not in eagle3lib.config.stages.STAGES"
     assert stage.section in SECTIONS
     src = "\n".join(c.source for c in nbformat.read(path, as_version=4).cells)
     assert f'open_stage("{stage.name}"' in src, f"{path.name} must open its stage with open_stage({stage.name!r}, ...)"

@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from eagle3lib.params import ParamsError, load_profile, parse_set
-from eagle3lib.paths import PARAMS_DIR
+from eagle3lib.config.profile import ParamsError, load_profile, parse_set
+from eagle3lib.core.paths import PARAMS_DIR
 
 PROFILES = sorted(p.stem for p in PARAMS_DIR.glob("*.yaml") if p.stem != "hardware")
 

@@ -62,7 +62,7 @@ def test_stage_runs_then_is_skipped_and_index_links_it(tiny_verifier, tmp_path):
 
 def test_a_stage_older_than_its_input_is_stale(tmp_path):
     """`--stages train --force` re-makes the drafter: the evaluation of the old one must not be skipped as complete."""
-    from eagle3lib.runner import stale_reason
+    from eagle3lib.pipeline.runner import stale_reason
 
     def manifest(stage, started, finished):
         (tmp_path / stage).mkdir(exist_ok=True)

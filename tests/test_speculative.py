@@ -1,5 +1,5 @@
 # .venv/bin/python -m pytest -q tests/test_speculative.py
-"""Library speculative decoding (eagle3lib.speculative): greedy output equals the verifier's greedy output token for
+"""Library speculative decoding (eagle3lib.model.speculative): greedy output equals the verifier's greedy output token for
 token, speculative sampling has the verifier's distribution (chi-square on tiny random models, fixed seeds), tau stays
 in [1, K+1], an oracle drafter reaches K+1, a random one stays near 1, and the EAGLE drafter's incremental state equals
 a from-scratch recomputation. Real models only: the tiny verifier, tiny random Qwen3 models; no server."""
@@ -10,9 +10,9 @@ import pytest
 import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
-from eagle3lib.datasets import load_conversations
-from eagle3lib.drafter import DrafterConfig, DrafterKVCache, Eagle3Drafter, init_from_verifier, load_verifier_head
-from eagle3lib.speculative import (
+from eagle3lib.data.datasets import load_conversations
+from eagle3lib.model.drafter import DrafterConfig, DrafterKVCache, Eagle3Drafter, init_from_verifier, load_verifier_head
+from eagle3lib.model.speculative import (
     DraftInput,
     EagleDrafter,
     LMDrafter,
@@ -23,7 +23,7 @@ from eagle3lib.speculative import (
     plain_decode,
     speculative_decode,
 )
-from eagle3lib.verifier import load_hf_model, load_tokenizer
+from eagle3lib.model.verifier import load_hf_model, load_tokenizer
 
 AUX = [2, 4, 5]
 EOS = [2, 0]

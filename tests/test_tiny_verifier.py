@@ -11,10 +11,10 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-from eagle3lib.chat_api import chat_once
-from eagle3lib.datasets import load_conversations
+from eagle3lib.data.datasets import load_conversations
 from eagle3lib.tiny import corpus
 from eagle3lib.tiny.build import TinyRecipe, recipe_key
+from eagle3lib.vllm.chat_api import chat_once
 
 
 def max_ngram_repeats(ids: list[int], n: int = 6) -> int:

@@ -8,8 +8,8 @@ import math
 import pytest
 import torch
 
-from eagle3lib.drafter import DrafterConfig, DrafterKVCache, Eagle3Drafter
-from eagle3lib.ttt import (
+from eagle3lib.model.drafter import DrafterConfig, DrafterKVCache, Eagle3Drafter
+from eagle3lib.model.ttt import (
     MicroBatch,
     TTTModel,
     counted_per_step,
@@ -273,8 +273,9 @@ def test_kv_cache_truncate_and_draft_to_target():
 
 def test_torch_loss_path_matches_the_kernels_reference():
     """ttt.DraftKL (the CPU path) = kernels.draft_kl_loss_reference: value, argmax, gradients."""
-    from eagle3lib.ttt import DraftKL
-    from kernels.draft_loss import draft_kl_loss_reference
+    from eagle3lib.kernels.draft_loss import draft_kl_loss_reference
+
+    from eagle3lib.model.ttt import DraftKL
 
     torch.manual_seed(0)
     h = torch.randn(37, H, requires_grad=True)
@@ -294,7 +295,7 @@ def test_torch_loss_path_matches_the_kernels_reference():
 
 
 def test_doc_layout_falls_back_to_dense_when_cheaper():
-    from eagle3lib.ttt import DocAttention, TTTAttention, make_attention
+    from eagle3lib.model.ttt import DocAttention, TTTAttention, make_attention
 
     many_short = torch.tensor([[0] * 4 + [1] * 4 + [2] * 4 + [3] * 4])
     one_long = torch.tensor([[0] * 13 + [1] + [2] + [3]])
@@ -303,7 +304,7 @@ def test_doc_layout_falls_back_to_dense_when_cheaper():
 
 
 def test_draft_vocab_and_mappings():
-    from eagle3lib.draft_vocab import build_draft_vocab
+    from eagle3lib.model.draft_vocab import build_draft_vocab
 
     counts = torch.tensor([5, 0, 9, 9, 1, 7, 0, 2])
     v = build_draft_vocab(counts, 4)
@@ -316,7 +317,7 @@ def test_draft_vocab_and_mappings():
 def test_packing_plan_is_balanced_and_deterministic():
     from types import SimpleNamespace
 
-    from eagle3lib.packing import deal, make_plan, pack_rows, row_tokens
+    from eagle3lib.data.packing import deal, make_plan, pack_rows, row_tokens
 
     g = torch.Generator().manual_seed(0)
     lengths = (torch.randint(20, 300, (400,), generator=g)).tolist() + [5000]  # one sample longer than a row
@@ -339,7 +340,7 @@ def test_plan_does_not_depend_on_the_store_order():
     steps, by sample id, must not."""
     from types import SimpleNamespace
 
-    from eagle3lib.packing import make_plan, split_samples
+    from eagle3lib.data.packing import make_plan, split_samples
 
     g = torch.Generator().manual_seed(1)
     ids = [f"p{i:04d}" for i in range(300)]

@@ -17,10 +17,10 @@ import pytest
 import torch
 from train_fixtures import cached_store, make_run_dir
 
-from eagle3lib.checkpoint import CheckpointError, load_drafter
-from eagle3lib.metrics import read_metrics
-from eagle3lib.stages import open_stage
-from eagle3lib.train import TrainingDiverged, TrainingError, launch, launch_command, launch_env, train
+from eagle3lib.config.stages import open_stage
+from eagle3lib.model.checkpoint import CheckpointError, load_drafter
+from eagle3lib.stages.train import TrainingDiverged, TrainingError, launch, launch_command, launch_env, train
+from eagle3lib.training.metrics import read_metrics
 
 N_SAMPLES = 300
 # 3 epochs of ~285 samples in 1K-token rows, 2 rows per step: ~33 steps, about a minute here
@@ -157,7 +157,7 @@ def test_sigterm_then_resume_equals_uninterrupted(trained, store, tmp_path):
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 0, out
     assert "SIGTERM: saved" in out
-    from eagle3lib.manifest import read_manifest
+    from eagle3lib.core.manifest import read_manifest
 
     m = read_manifest(ctx.dir)
     assert m["status"] == "interrupted" and "step_" in m["resume_from"]
@@ -180,7 +180,7 @@ def test_sigterm_then_resume_equals_uninterrupted(trained, store, tmp_path):
 
 def _fake_store(path: Path, n: int, hidden: int = 192, vocab: int = 1472, nan_sample: int | None = None,
                 meta_extra: dict | None = None) -> Path:
-    from eagle3lib.hidden_store import HiddenSample, HiddenStateWriter
+    from eagle3lib.data.hidden_store import HiddenSample, HiddenStateWriter
 
     g = torch.Generator().manual_seed(0)
     meta = {"verifier": "x", "hidden_size": hidden, "vocab_size": vocab, "num_layers": 8, "aux_layer_ids": [2, 4, 5],
@@ -253,7 +253,7 @@ def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
 
 
 def _chat(server, prompts, max_tokens=96) -> list[str]:
-    from eagle3lib.chat_api import chat_once
+    from eagle3lib.vllm.chat_api import chat_once
 
     out = []
     for p in prompts:
@@ -264,8 +264,8 @@ def _chat(server, prompts, max_tokens=96) -> list[str]:
 
 @pytest.mark.slow
 def test_vllm_serves_checkpoint_as_eagle3_speculator(trained, vllm_server, tiny_verifier, tmp_path):
-    from eagle3lib.server import VLLMServer
-    from eagle3lib.spec_metrics import fetch_counters
+    from eagle3lib.vllm.server import VLLMServer
+    from eagle3lib.vllm.spec_metrics import fetch_counters
 
     ctx, m = trained
     ckpt = ctx.dir / m["outputs"]["checkpoint"]

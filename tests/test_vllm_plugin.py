@@ -1,5 +1,5 @@
 # Run: .venv/bin/python -m pytest tests/test_vllm_plugin.py -q
-"""eagle3lib's vLLM plugin (eagle3lib/vllm_plugin.py): the rejection sampler's per-request -> per-token expansion on CPU,
+"""eagle3lib's vLLM plugin (eagle3lib/vllm/plugin.py): the rejection sampler's per-request -> per-token expansion on CPU,
 against a loop that follows vLLM's Triton `expand_kernel` line by line, and its registration as a general plugin. The
 end-to-end effect (vLLM's sampled tau agreeing with the library's) is checked in tests/test_evaluate.py."""
 
@@ -10,7 +10,7 @@ from importlib.metadata import entry_points
 import pytest
 import torch
 
-from eagle3lib.vllm_plugin import expand_per_request
+from eagle3lib.vllm.plugin import expand_per_request
 
 
 def _reference(inp: list, cu: list[int], replace_from, replace_to) -> list:
@@ -40,10 +40,10 @@ def test_expand_matches_the_kernel(dtype, values, replace, counts):
 
 def test_registered_as_a_vllm_general_plugin():
     eps = {e.name: e.value for e in entry_points(group="vllm.general_plugins")}
-    assert eps.get("eagle3lib_cpu_fixes") == "eagle3lib.vllm_plugin:register", "run `make setup` (pip install -e .)"
+    assert eps.get("eagle3lib_cpu_fixes") == "eagle3lib.vllm.plugin:register", "run `make setup` (pip install -e .)"
     from vllm.utils import cpu_triton_utils
 
-    from eagle3lib.vllm_plugin import register
+    from eagle3lib.vllm.plugin import register
 
     register()
     assert cpu_triton_utils._expand_kernel_impl is expand_per_request

@@ -53,7 +53,7 @@ def _conversations(model, tok, n_samples: int, generate: bool, max_new_tokens: i
         from eagle3lib.tiny import corpus
 
         return [(f"c{seed}-{i}", s["messages"]) for i, s in enumerate(corpus.samples(1000 + seed, n_samples))]
-    from eagle3lib.datasets import load_conversations
+    from eagle3lib.data.datasets import load_conversations
 
     convs = load_conversations("builtin:tiny-train", max_samples=n_samples, shuffle=True, seed=seed)
     prompts = [c.prompt() for c in convs]
@@ -69,7 +69,7 @@ def build_store(out_dir: Path, verifier: Path, n_samples: int, generate: bool = 
                 seed: int = 0) -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from eagle3lib.hidden_store import HiddenSample, HiddenStateWriter
+    from eagle3lib.data.hidden_store import HiddenSample, HiddenStateWriter
 
     torch.manual_seed(seed)
     tok = AutoTokenizer.from_pretrained(verifier)
@@ -102,7 +102,7 @@ def build_store(out_dir: Path, verifier: Path, n_samples: int, generate: bool = 
 
 def cached_store(verifier: Path, n_samples: int, generate: bool = False, max_new_tokens: int = 160) -> Path:
     """The store for (verifier, n_samples, source), built on first use into .cache/test-train-store/."""
-    from eagle3lib.paths import cache_dir
+    from eagle3lib.core.paths import cache_dir
 
     key = hashlib.sha256(f"{verifier.name}|{n_samples}|{generate}|{max_new_tokens}|{AUX_IDS}|v2".encode()).hexdigest()[:12]
     root = cache_dir() / "test-train-store"

@@ -1,4 +1,4 @@
-"""The `evaluate` section: acceptance length and speedup measured by real speculative decoding (eagle3lib/evaluate.py)."""
+"""The `evaluate` section: acceptance length and speedup measured by real speculative decoding (eagle3lib/stages/evaluate.py)."""
 
 from __future__ import annotations
 

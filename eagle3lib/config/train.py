@@ -1,4 +1,4 @@
-"""The `train` section: the EAGLE-3 drafter, its training-time test and the training loop (see eagle3lib/train.py)."""
+"""The `train` section: the EAGLE-3 drafter, its training-time test and the training loop (see eagle3lib/stages/train.py)."""
 
 from __future__ import annotations
 
@@ -56,7 +56,7 @@ class TrainConfig(StageConfig):
     device: Literal["auto", "cpu", "cuda"] = "auto"  # auto = cuda when available
     precision: Literal["auto", "float32", "bfloat16"] = "auto"  # auto: bf16 autocast on CUDA, fp32 on CPU
     kernels: Literal["auto", "torch", "triton"] = "auto"  # RMSNorm + draft-vocab loss kernels; auto = triton on CUDA
-    attention: Literal["auto", "doc", "doc-sdpa", "dense", "sdpa"] = "auto"  # TTT attention (eagle3lib/ttt.py): "doc"
+    attention: Literal["auto", "doc", "doc-sdpa", "dense", "sdpa"] = "auto"  # TTT attention (eagle3lib/model/ttt.py): "doc"
     # lays each packed sample out on its own (cost ~ sample length^2, not row length^2); "sdpa" = one SDPA over the
     # packed row with the boolean [block-causal | diagonals] mask; auto = doc (fastest in benchmarks/train_throughput.py)
     threads: int | None = None  # torch CPU threads per process; None = cores / processes per node

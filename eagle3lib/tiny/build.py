@@ -18,8 +18,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from eagle3lib.atomic import write_json_atomic
-from eagle3lib.paths import cache_dir
+from eagle3lib.core.atomic import write_json_atomic
+from eagle3lib.core.paths import cache_dir
 from eagle3lib.tiny import corpus
 from eagle3lib.tiny.tokenizer import CHAT_TEMPLATE, save_hf_tokenizer, train_tokenizer
 

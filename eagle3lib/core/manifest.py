@@ -1,0 +1,65 @@
+"""`RUN_DIR/<stage>/manifest.json`: the structured result of a stage, so nobody ever greps a log for a number.
+
+Layout: {"stage", "status" (running|complete|failed), "profile", "params" (the stage section as run), "verifier",
+"started_at", "finished_at", "wall_s", "figures" (counts, timings, throughputs: stage-specific), "outputs" (paths
+relative to the stage dir), "error"}. Written atomically, so a reader never sees half a manifest.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from eagle3lib.core.atomic import write_json_atomic
+
+MANIFEST = "manifest.json"
+
+
+def now_iso() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds")
+
+
+def read_manifest(stage_dir: str | Path) -> dict[str, Any] | None:
+    path = Path(stage_dir) / MANIFEST
+    if not path.exists():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not valid JSON ({e})") from e
+
+
+def update_manifest(stage_dir: str | Path, **fields: Any) -> dict[str, Any]:
+    """Merge `fields` into the manifest (creating it), `figures` and `outputs` merged key by key."""
+    stage_dir = Path(stage_dir)
+    m = read_manifest(stage_dir) or {"stage": stage_dir.name}
+    for key, value in fields.items():
+        if key in ("figures", "outputs") and isinstance(value, dict):
+            m.setdefault(key, {}).update(value)
+        else:
+            m[key] = value
+    write_json_atomic(stage_dir / MANIFEST, m)
+    return m
+
+
+class StageTimer:
+    """Marks a stage running on entry and complete (with wall time) on `finish`; failures are marked by the runner."""
+
+    def __init__(self, stage_dir: str | Path, params: dict[str, Any] | None = None, **extra: Any):
+        self.stage_dir = Path(stage_dir)
+        self.stage_dir.mkdir(parents=True, exist_ok=True)
+        self.t0 = time.time()
+        update_manifest(self.stage_dir, status="running", started_at=now_iso(), params=params or {}, error=None, **extra)
+
+    def finish(self, figures: dict[str, Any], outputs: dict[str, Any] | None = None) -> dict[str, Any]:
+        return update_manifest(
+            self.stage_dir,
+            status="complete",
+            finished_at=now_iso(),
+            wall_s=round(time.time() - self.t0, 2),
+            figures=figures,
+            outputs=outputs or {},
+        )

@@ -1,0 +1,151 @@
+"""Conversation datasets on disk: ShareGPT or OpenAI message format, as JSONL or Parquet, normalised to OpenAI messages.
+
+- OpenAI style (open-perfectblend, UltraChat): {"messages": [{"role": "user", "content": ...}, ...]}
+- ShareGPT style: {"conversations": [{"from": "human", "value": ...}, {"from": "gpt", "value": ...}]}
+Assistant turns may carry `reasoning_content` (or `reasoning`), kept as `reasoning_content`.
+
+Every conversation gets a stable id: the record's own `id` when it has one, else a hash of its messages (plus an
+occurrence number for exact duplicates), so resumable stages can key their outputs on it across runs.
+A malformed record is an error naming the file and line, or, with on_bad_record="skip", is skipped and counted.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from eagle3lib.core.paths import ASSETS_DIR
+
+BUILTIN = {  # datasets shipped with the project (written for it, no downloads)
+    "builtin:tiny-train": ASSETS_DIR / "prompts" / "train.jsonl",
+    "builtin:tiny-heldout": ASSETS_DIR / "prompts" / "heldout.jsonl",
+}
+SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "chatgpt": "assistant",
+                  "bard": "assistant", "model": "assistant", "system": "system", "tool": "tool"}
+OPENAI_ROLES = {"system", "user", "assistant", "tool", "developer"}
+
+
+class DatasetError(ValueError):
+    """A dataset record is malformed; the message names the file and line (or row)."""
+
+
+@dataclass
+class Conversation:
+    id: str  # stable across runs (see module doc)
+    messages: list[dict[str, Any]]  # OpenAI format
+    category: str | None = None  # optional label (the shipped sets: chat, code, math), for per-category reports
+    source: str = ""  # "file:line", for error messages downstream
+    extra: dict[str, Any] = field(default_factory=dict)  # other top-level fields of the record, untouched
+
+    def prompt(self) -> list[dict[str, Any]] | None:
+        """The conversation up to and including the last user turn; None if it has no user turn."""
+        last = max((i for i, m in enumerate(self.messages) if m["role"] == "user"), default=None)
+        return None if last is None else self.messages[: last + 1]
+
+
+@dataclass
+class LoadStats:
+    records: int = 0  # records read from the file(s)
+    bad_records: int = 0  # malformed, skipped (on_bad_record="skip")
+    kept: int = 0  # conversations returned after max_samples
+
+
+def resolve_path(path: str | Path) -> Path:
+    if str(path) in BUILTIN:
+        return BUILTIN[str(path)]
+    p = Path(path)
+    if not p.exists():
+        raise DatasetError(f"dataset not found: {p}" + (f" (builtin datasets: {', '.join(BUILTIN)})" if str(path).startswith("builtin:") else ""))
+    return p
+
+
+def _raw_records(path: Path) -> Iterator[tuple[int, Any]]:
+    """(line or row number starting at 1, parsed record or the exception that parsing raised)."""
+    if path.suffix == ".parquet":
+        import polars as pl
+
+        for i, row in enumerate(pl.read_parquet(path).iter_rows(named=True), 1):
+            yield i, row
+        return
+    with open(path, encoding="utf-8") as f:
+        for i, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                yield i, json.loads(line)
+            except json.JSONDecodeError as e:
+                yield i, e
+
+
+def _normalise_messages(rec: dict[str, Any]) -> list[dict[str, Any]]:
+    if "messages" in rec:
+        msgs = []
+        for j, m in enumerate(rec["messages"]):
+            if not isinstance(m, dict) or "role" not in m:
+                raise ValueError(f"messages[{j}] has no 'role'")
+            if m["role"] not in OPENAI_ROLES:
+                raise ValueError(f"messages[{j}].role {m['role']!r} is not one of {sorted(OPENAI_ROLES)}")
+            out = {"role": m["role"], "content": m.get("content") or ""}
+            reasoning = m.get("reasoning_content", m.get("reasoning"))
+            if reasoning:
+                out["reasoning_content"] = reasoning
+            msgs.append(out)
+        return msgs
+    if "conversations" in rec:
+        msgs = []
+        for j, m in enumerate(rec["conversations"]):
+            if not isinstance(m, dict) or "from" not in m or "value" not in m:
+                raise ValueError(f"conversations[{j}] needs 'from' and 'value'")
+            role = SHAREGPT_ROLES.get(str(m["from"]).lower())
+            if role is None:
+                raise ValueError(f"conversations[{j}].from {m['from']!r} is not one of {sorted(SHAREGPT_ROLES)}")
+            msgs.append({"role": role, "content": m["value"] or ""})
+        return msgs
+    raise ValueError("record has neither 'messages' (OpenAI format) nor 'conversations' (ShareGPT format)")
+
+
+def load_conversations(
+    path: str | Path,
+    *,
+    on_bad_record: Literal["error", "skip"] = "error",
+    max_samples: int | None = None,
+    shuffle: bool = False,
+    seed: int = 0,
+    stats: LoadStats | None = None,
+) -> list[Conversation]:
+    """All conversations of a JSONL/Parquet file (or a builtin name), shuffled with `seed` before `max_samples` is applied."""
+    path = resolve_path(path)
+    stats = stats if stats is not None else LoadStats()
+    out: list[Conversation] = []
+    seen: dict[str, int] = {}
+    for line, rec in _raw_records(path):
+        stats.records += 1
+        try:
+            if isinstance(rec, Exception):
+                raise ValueError(f"not valid JSON: {rec}")
+            if not isinstance(rec, dict):
+                raise ValueError(f"expected a JSON object, got {type(rec).__name__}")
+            msgs = _normalise_messages(rec)
+        except ValueError as e:
+            if on_bad_record == "skip":
+                stats.bad_records += 1
+                continue
+            raise DatasetError(f"{path}:{line}: {e}") from None
+        rid = rec.get("id")
+        if rid is None:
+            digest = hashlib.sha1(json.dumps(msgs, sort_keys=True).encode()).hexdigest()[:16]
+            seen[digest] = seen.get(digest, 0) + 1
+            rid = digest if seen[digest] == 1 else f"{digest}-{seen[digest]}"
+        extra = {k: v for k, v in rec.items() if k not in ("messages", "conversations", "id", "category")}
+        out.append(Conversation(str(rid), msgs, rec.get("category"), f"{path}:{line}", extra))
+    if shuffle:
+        random.Random(seed).shuffle(out)
+    if max_samples is not None:
+        out = out[:max_samples]
+    stats.kept = len(out)
+    return out

@@ -1,0 +1,384 @@
+"""On-disk store of verifier hidden states for drafter training: sharded safetensors, crash-safe, memory-mapped reads.
+
+Layout of a store folder (the extract stage uses RUN_DIR/extract/):
+  store.json                    the store's metadata (`meta`: verifier, hidden_size, vocab_size, num_layers,
+                                aux_layer_ids, dtype, format), written once when the store is created
+  index.jsonl                   one line per complete shard: {"shard", "ids", "lengths", "loss_tokens", "bytes"};
+                                append-only, a torn last line is ignored
+  shards/shard-NNNNN.safetensors  many samples each, their tokens concatenated along dim 0:
+      input_ids    int32 [N]           token ids
+      loss_mask    bool  [N]           True on assistant tokens
+      aux_hidden   [N, 3, H]           hidden states entering the 3 EAGLE-3 feature layers (bf16 or fp8 e4m3)
+      final_hidden [N, H]              output of the last decoder layer, BEFORE the verifier's final norm
+      aux_scale    f32 [N, 3]          fp8 only: per-token, per-layer dequantisation scale
+      final_scale  f32 [N]             fp8 only: per-token dequantisation scale
+    and in the safetensors header metadata: "ids" and "lengths" (JSON lists), so a shard describes itself.
+
+Crash safety: a shard is written to a temporary name, fsynced and renamed, then listed in index.jsonl. A reader only
+ever opens renamed (complete) shards; a shard that was renamed but not yet indexed (a kill between the two steps) is
+recovered from its own header. Temporary files of a killed writer are never read and are removed on resume.
+
+fp8: e4m3 with one scale per token (and per layer for the aux states), scale = amax / 448, halves the bytes per token;
+the reader dequantises to bf16. Relative error per element is at most 2^-4 of the token's amax (3 mantissa bits).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+FORMAT = "eagle3lib-hidden-v1"
+STORE_META = "store.json"
+INDEX = "index.jsonl"
+SHARDS_DIR = "shards"
+SHARD_RE = re.compile(r"^shard-(\d{5,})\.safetensors$")
+DTYPES = {"bfloat16": torch.bfloat16, "float8_e4m3fn": torch.float8_e4m3fn}
+FP8_MAX = 448.0  # largest finite float8_e4m3fn
+META_KEYS = ("verifier", "hidden_size", "vocab_size", "num_layers", "aux_layer_ids")  # must match on resume (and
+# dtype, format, and max_seq_len when both the store and the writer state it)
+
+
+class StoreError(ValueError):
+    """A hidden-state store is missing, inconsistent, or does not match what is being written."""
+
+
+@dataclass
+class HiddenSample:
+    sample_id: str
+    input_ids: torch.Tensor  # LongTensor [T]
+    loss_mask: torch.Tensor  # BoolTensor [T], True on assistant tokens
+    aux_hidden: torch.Tensor  # [T, 3, H] (bf16 when read; dequantised from fp8 if stored so)
+    final_hidden: torch.Tensor  # [T, H] final hidden state BEFORE the verifier's final norm
+
+    def __len__(self) -> int:
+        return int(self.input_ids.shape[0])
+
+
+def bytes_per_token(hidden_size: int, dtype: str = "bfloat16", n_aux: int = 3) -> int:
+    """Disk bytes per token: (n_aux + 1) x H hidden values, plus token id, mask and (fp8) scales."""
+    if dtype == "bfloat16":
+        return (n_aux + 1) * hidden_size * 2 + 4 + 1
+    if dtype == "float8_e4m3fn":
+        return (n_aux + 1) * hidden_size * 1 + (n_aux + 1) * 4 + 4 + 1
+    raise StoreError(f"unknown hidden-state dtype {dtype!r} (known: {', '.join(DTYPES)})")
+
+
+# ------------------------------------------------------------------------------------------------------------- fp8
+
+
+def quantize_fp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-row (last dim) e4m3 quantisation: returns (q [..., H] float8_e4m3fn, scale [...] float32)."""
+    xf = x.float()
+    scale = xf.abs().amax(dim=-1).clamp_min(1e-12) / FP8_MAX
+    q = (xf / scale.unsqueeze(-1)).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    return q, scale
+
+
+def dequantize_fp8(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    return (q.float() * scale.float().unsqueeze(-1)).to(dtype)
+
+
+# ------------------------------------------------------------------------------------------------------ index scan
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _shard_header(path: Path) -> dict[str, Any]:
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as f:
+        md = f.metadata() or {}
+    if md.get("format") != FORMAT:
+        raise StoreError(f"{path}: not an eagle3lib hidden-state shard (format {md.get('format')!r})")
+    return {"shard": path.name, "ids": json.loads(md["ids"]), "lengths": json.loads(md["lengths"]),
+            "loss_tokens": int(md.get("loss_tokens", 0)), "bytes": path.stat().st_size}
+
+
+def _read_index(root: Path) -> dict[str, dict[str, Any]]:
+    """Shard name -> index entry, from index.jsonl (a torn last line ignored) and any complete shard not yet indexed."""
+    entries: dict[str, dict[str, Any]] = {}
+    index = root / INDEX
+    if index.exists():
+        for line in index.read_text(encoding="utf-8").splitlines():
+            try:
+                e = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # torn last line of a killed writer
+            if isinstance(e, dict) and "shard" in e:
+                entries[e["shard"]] = e
+    shard_dir = root / SHARDS_DIR
+    if shard_dir.is_dir():
+        for p in shard_dir.iterdir():
+            if SHARD_RE.match(p.name) and p.name not in entries:
+                entries[p.name] = _shard_header(p)  # renamed but not indexed: killed between the two steps
+    return dict(sorted(entries.items(), key=lambda kv: int(SHARD_RE.match(kv[0]).group(1))))
+
+
+def read_store_meta(root: str | Path) -> dict[str, Any]:
+    path = Path(root) / STORE_META
+    if not path.exists():
+        raise StoreError(f"{path}: no hidden-state store here (run the extract stage first)")
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise StoreError(f"{path}: not valid JSON ({e})") from e
+
+
+# ---------------------------------------------------------------------------------------------------------- writer
+
+
+class HiddenStateWriter:
+    """Buffers samples and writes them as shards of `samples_per_shard` samples (or `max_shard_bytes`, if set).
+
+    Resume-aware: opening a folder that already holds a store with the same verifier/layers/dtype continues it;
+    `writer.done_ids` are the samples already stored (complete shards only), and adding one of them again raises.
+    Samples still buffered when the process dies are lost and simply extracted again on the next run.
+    """
+
+    def __init__(self, out_dir: str | Path, meta: dict[str, Any], samples_per_shard: int = 256,
+                 dtype: str = "bfloat16", max_shard_bytes: int | None = None):
+        if dtype not in DTYPES:
+            raise StoreError(f"hidden-state dtype {dtype!r} not supported (choose one of {', '.join(DTYPES)})")
+        if samples_per_shard < 1:
+            raise StoreError(f"samples_per_shard must be >= 1, got {samples_per_shard}")
+        missing = [k for k in ("hidden_size", "aux_layer_ids") if k not in meta]
+        if missing:
+            raise StoreError(f"store meta lacks {missing}")
+        self.root = Path(out_dir)
+        self.shard_dir = self.root / SHARDS_DIR
+        self.shard_dir.mkdir(parents=True, exist_ok=True)
+        self.samples_per_shard = samples_per_shard
+        self.max_shard_bytes = max_shard_bytes
+        self.dtype = dtype
+        self.meta = {**meta, "dtype": dtype, "format": FORMAT}
+        self.hidden_size = int(self.meta["hidden_size"])
+        self.n_aux = len(self.meta["aux_layer_ids"])
+        self._init_meta()
+        for p in self.shard_dir.iterdir():  # temporary files of a killed writer
+            if p.name.startswith(".") and p.name.endswith(".tmp"):
+                p.unlink(missing_ok=True)
+        self.entries = _read_index(self.root)
+        self._repair_index()
+        self.done_ids: set[str] = {i for e in self.entries.values() for i in e["ids"]}
+        self._next = 1 + max((int(SHARD_RE.match(n).group(1)) for n in self.entries), default=-1)
+        self._buf: list[HiddenSample] = []
+        self._buf_ids: set[str] = set()
+        self._buf_bytes = 0
+        self.written_samples = 0  # by this writer (not counting resumed shards)
+        self.written_tokens = 0
+        self.written_bytes = 0
+
+    # -- store metadata
+    def _init_meta(self) -> None:
+        from eagle3lib.core.atomic import write_json_atomic
+
+        path = self.root / STORE_META
+        if path.exists():
+            old = read_store_meta(self.root)
+            keys = (*META_KEYS, "dtype", "format", "max_seq_len")
+            diffs = [f"{k}: stored {old.get(k)!r}, now {self.meta.get(k)!r}" for k in keys
+                     if k in self.meta and (k in old or k in META_KEYS) and old.get(k) != self.meta.get(k)]
+            if diffs:
+                raise StoreError(f"{self.root} already holds hidden states extracted differently ({'; '.join(diffs)}); "
+                                 "use a new run directory or delete the old store")
+            self.meta = {**old, **self.meta}
+        write_json_atomic(path, self.meta)
+
+    def _repair_index(self) -> None:
+        """Rewrite index.jsonl from the scan when it lacks shards or ends in a torn line, so appends stay clean."""
+        from eagle3lib.core.atomic import write_text_atomic
+
+        index = self.root / INDEX
+        text = index.read_text(encoding="utf-8") if index.exists() else ""
+        if text.count("\n") != len(self.entries) or (text and not text.endswith("\n")):
+            write_text_atomic(index, "".join(json.dumps(e) + "\n" for e in self.entries.values()))
+
+    # -- adding samples
+    def __contains__(self, sample_id: str) -> bool:
+        return sample_id in self.done_ids or sample_id in self._buf_ids
+
+    def add(self, sample: HiddenSample) -> None:
+        T = len(sample)
+        H = self.hidden_size
+        if sample.sample_id in self:
+            raise StoreError(f"sample {sample.sample_id!r} is already in the store {self.root}")
+        if T == 0:
+            raise StoreError(f"sample {sample.sample_id!r} has no tokens")
+        shapes = {"loss_mask": (T,), "aux_hidden": (T, self.n_aux, H), "final_hidden": (T, H)}
+        for name, shape in shapes.items():
+            got = tuple(getattr(sample, name).shape)
+            if got != shape:
+                raise StoreError(f"sample {sample.sample_id!r}: {name} has shape {got}, expected {shape}")
+        if sample.aux_hidden.dtype != torch.bfloat16 or sample.final_hidden.dtype != torch.bfloat16:
+            # buffer at storage precision (fp32 states would double the buffer); fp8 is quantised from bf16 at flush
+            sample = HiddenSample(sample.sample_id, sample.input_ids, sample.loss_mask,
+                                  sample.aux_hidden.to(torch.bfloat16), sample.final_hidden.to(torch.bfloat16))
+        self._buf.append(sample)
+        self._buf_ids.add(sample.sample_id)
+        self._buf_bytes += T * bytes_per_token(H, self.dtype, self.n_aux)
+        if len(self._buf) >= self.samples_per_shard or (self.max_shard_bytes and self._buf_bytes >= self.max_shard_bytes):
+            self.flush()
+
+    def flush(self) -> None:
+        """Write the buffered samples as one shard (atomically), then index it."""
+        if not self._buf:
+            return
+        from safetensors.torch import save_file
+
+        buf = self._buf
+        ids = [s.sample_id for s in buf]
+        lengths = [len(s) for s in buf]
+        input_ids = torch.cat([s.input_ids.reshape(-1) for s in buf]).to(torch.int32)
+        loss_mask = torch.cat([s.loss_mask.reshape(-1) for s in buf]).to(torch.bool)
+        aux = torch.cat([s.aux_hidden for s in buf])
+        final = torch.cat([s.final_hidden for s in buf])
+        if self.dtype == "float8_e4m3fn":
+            aux_q, aux_s = quantize_fp8(aux)
+            fin_q, fin_s = quantize_fp8(final)
+            tensors = {"aux_hidden": aux_q, "aux_scale": aux_s, "final_hidden": fin_q, "final_scale": fin_s}
+        else:
+            tensors = {"aux_hidden": aux.to(torch.bfloat16), "final_hidden": final.to(torch.bfloat16)}
+        tensors.update(input_ids=input_ids, loss_mask=loss_mask)
+        tensors = {k: v.contiguous() for k, v in tensors.items()}
+        loss_tokens = int(loss_mask.sum())
+        name = f"shard-{self._next:05d}.safetensors"
+        md = {"format": FORMAT, "ids": json.dumps(ids), "lengths": json.dumps(lengths), "loss_tokens": str(loss_tokens)}
+        final_path = self.shard_dir / name
+        tmp = self.shard_dir / f".{name}.{os.getpid()}.tmp"
+        try:
+            save_file(tensors, str(tmp), metadata=md)
+            with open(tmp, "rb+") as f:
+                os.fsync(f.fileno())
+            os.replace(tmp, final_path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        _fsync_dir(self.shard_dir)
+        entry = {"shard": name, "ids": ids, "lengths": lengths, "loss_tokens": loss_tokens,
+                 "bytes": final_path.stat().st_size}
+        with open(self.root / INDEX, "a", encoding="utf-8") as f:
+            f.write(json.dumps(entry) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        self.entries[name] = entry
+        self.done_ids.update(ids)
+        self._next += 1
+        self.written_samples += len(buf)
+        self.written_tokens += int(input_ids.shape[0])
+        self.written_bytes += entry["bytes"]
+        self._buf, self._buf_ids, self._buf_bytes = [], set(), 0
+
+    def close(self) -> None:
+        self.flush()
+
+    def __enter__(self) -> HiddenStateWriter:
+        return self
+
+    def __exit__(self, exc_type, *exc) -> None:
+        if exc_type is None:
+            self.close()  # on an error the buffered samples are dropped: they are redone on resume
+
+    # -- totals over the whole store (resumed shards included)
+    def totals(self) -> dict[str, int]:
+        e = list(self.entries.values())
+        return {"samples": sum(len(x["ids"]) for x in e), "tokens": sum(sum(x["lengths"]) for x in e),
+                "loss_tokens": sum(x["loss_tokens"] for x in e), "bytes": sum(x["bytes"] for x in e), "shards": len(e)}
+
+
+# ---------------------------------------------------------------------------------------------------------- reader
+
+
+class HiddenStateReader:
+    """Random access by sample over a store; shards are opened lazily with safetensors `safe_open` (memory-mapped),
+    and only the rows of the requested sample are read. Picklable (for DataLoader workers): open handles are dropped.
+
+    `meta` is the store's metadata; `lengths`/`ids` describe every sample without loading tensors (for packing).
+    """
+
+    def __init__(self, extract_dir: str | Path, max_open_shards: int = 64):
+        self.root = Path(extract_dir)
+        self.meta: dict[str, Any] = read_store_meta(self.root)
+        if self.meta.get("format") != FORMAT:
+            raise StoreError(f"{self.root / STORE_META}: unknown store format {self.meta.get('format')!r}")
+        self.entries = list(_read_index(self.root).values())
+        self.ids: list[str] = []
+        self.lengths: list[int] = []
+        self._loc: list[tuple[int, int]] = []  # per sample: (shard number in self.entries, token offset)
+        for si, e in enumerate(self.entries):
+            off = 0
+            for sid, n in zip(e["ids"], e["lengths"], strict=True):
+                self.ids.append(sid)
+                self.lengths.append(int(n))
+                self._loc.append((si, off))
+                off += int(n)
+        self.max_open_shards = max_open_shards
+        self._handles: OrderedDict[int, Any] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(self.lengths)
+
+    @property
+    def shards(self) -> list[str]:
+        return [e["shard"] for e in self.entries]
+
+    def _handle(self, si: int) -> Any:
+        from safetensors import safe_open
+
+        h = self._handles.get(si)
+        if h is None:
+            h = safe_open(str(self.root / SHARDS_DIR / self.entries[si]["shard"]), framework="pt")
+            self._handles[si] = h
+            if len(self._handles) > self.max_open_shards:
+                self._handles.popitem(last=False)
+        else:
+            self._handles.move_to_end(si)
+        return h
+
+    def __getitem__(self, i: int) -> HiddenSample:
+        if i < 0:
+            i += len(self)
+        if not 0 <= i < len(self):
+            raise IndexError(f"sample {i} out of range (store holds {len(self)})")
+        si, off = self._loc[i]
+        n = self.lengths[i]
+        f = self._handle(si)
+
+        def rows(name: str) -> torch.Tensor:
+            return f.get_slice(name)[off : off + n]
+
+        aux, final = rows("aux_hidden"), rows("final_hidden")
+        if aux.dtype == torch.float8_e4m3fn:
+            aux = dequantize_fp8(aux, rows("aux_scale"))
+            final = dequantize_fp8(final, rows("final_scale"))
+        return HiddenSample(self.ids[i], rows("input_ids").long(), rows("loss_mask").bool(), aux, final)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_handles"] = OrderedDict()
+        return state
+
+    def __repr__(self) -> str:
+        return (f"HiddenStateReader({str(self.root)!r}: {len(self)} samples, {self.num_tokens} tokens, "
+                f"{len(self.entries)} shards, {self.meta.get('dtype')})")

@@ -1,0 +1,180 @@
+"""The data plan: which samples go into which row, step, process and micro-batch, deterministically from the seed.
+
+- Split: a seeded `val_fraction` of the samples (at most `val_max_samples`, at least 1 when there are >= 20) is held out.
+- Rows: with packing, each epoch's seeded permutation is cut into windows of 512 samples, and each window is packed
+  first-fit-decreasing into rows of at most `max_seq_len` tokens (a sample longer than that is truncated); the rows are
+  then shuffled. Without packing, a row is one sample.
+- Steps: `batch_rows` rows per optimizer step (the global batch; a partial last step is dropped). The rows of a step are
+  dealt to the processes longest-first, each to the least-loaded process (by tokens), then cut into micro-batches of
+  `micro_batch_rows` similar-length rows. The same global batch therefore gives the same rows to any process count.
+- Resume: the plan is a pure function of (lengths, config, epoch), so a resumed run skips to its step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from eagle3lib.model.ttt import MicroBatch
+
+WINDOW = 512  # samples per first-fit-decreasing window: packing efficiency ~99% while keeping the order random
+
+
+@dataclass
+class Split:
+    train: list[int]
+    val: list[int]
+
+
+def split_samples(n: int, val_fraction: float, val_max: int, seed: int, ids: list[str] | None = None) -> Split:
+    """Seeded train/validation split of store indices 0..n-1. With the samples' ids, both the split and the order the
+    epochs shuffle from follow the ids, not the store's order: a store written in a different order (a generate run
+    that was interrupted and resumed finishes its prompts in another order) gives the same split and the same steps."""
+    canonical = sorted(range(n), key=ids.__getitem__) if ids is not None else list(range(n))
+    g = torch.Generator().manual_seed(seed)
+    perm = [canonical[j] for j in torch.randperm(n, generator=g).tolist()]
+    n_val = min(int(round(n * val_fraction)), val_max)
+    if val_fraction > 0 and n >= 20:
+        n_val = max(n_val, 1)
+    rank = {i: r for r, i in enumerate(canonical)}
+    return Split(sorted(perm[n_val:], key=rank.__getitem__), sorted(perm[:n_val], key=rank.__getitem__))
+
+
+def pack_rows(indices: list[int], lengths: list[int], max_seq_len: int, packing: bool,
+              generator: torch.Generator | None = None) -> list[list[int]]:
+    """Rows of sample indices; `indices` are taken in the given order (shuffle before)."""
+    if not packing:
+        return [[i] for i in indices]
+    rows: list[list[int]] = []
+    for w in range(0, len(indices), WINDOW):
+        window = sorted(indices[w : w + WINDOW], key=lambda i: -min(lengths[i], max_seq_len))
+        bins: list[list[int]] = []
+        room: list[int] = []
+        for i in window:
+            n = min(lengths[i], max_seq_len)
+            for b, r in enumerate(room):
+                if n <= r:
+                    bins[b].append(i)
+                    room[b] -= n
+                    break
+            else:
+                bins.append([i])
+                room.append(max_seq_len - n)
+        rows.extend(bins)
+    if generator is not None:
+        order = torch.randperm(len(rows), generator=generator).tolist()
+        rows = [rows[j] for j in order]
+    return rows
+
+
+def row_tokens(row: list[int], lengths: list[int], max_seq_len: int) -> int:
+    return sum(min(lengths[i], max_seq_len) for i in row)
+
+
+def epoch_rows(train: list[int], lengths: list[int], max_seq_len: int, packing: bool, seed: int,
+               epoch: int) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
+    perm = [train[j] for j in torch.randperm(len(train), generator=g).tolist()]
+    return pack_rows(perm, lengths, max_seq_len, packing, g)
+
+
+def deal(rows: list[list[int]], lengths: list[int], max_seq_len: int, world: int,
+         micro_batch_rows: int) -> list[list[list[list[int]]]]:
+    """One step's rows -> per process, a list of micro-batches (each a list of rows). Longest-first to the least loaded
+    process that still has room, so every process gets len(rows)/world rows and about the same tokens."""
+    per = len(rows) // world
+    order = sorted(range(len(rows)), key=lambda r: (-row_tokens(rows[r], lengths, max_seq_len), r))
+    load = [0] * world
+    got: list[list[list[int]]] = [[] for _ in range(world)]
+    for r in order:
+        p = min((p for p in range(world) if len(got[p]) < per), key=lambda p: (load[p], p))
+        got[p].append(rows[r])
+        load[p] += row_tokens(rows[r], lengths, max_seq_len)
+    # got[p] is already longest-first: consecutive rows have similar lengths, so micro-batches pad little
+    return [[got[p][m : m + micro_batch_rows] for m in range(0, per, micro_batch_rows)] for p in range(world)]
+
+
+@dataclass
+class Plan:
+    """Steps of every epoch: steps[e][s] = the rows of global step s of epoch e."""
+
+    steps: list[list[list[list[int]]]]
+    epochs: float
+    total_steps: int
+    epoch_steps: list[int]  # full length of each epoch (a max_steps cap may cut the last one short)
+
+    def locate(self, step: int) -> tuple[int, int]:
+        """Global step number -> (epoch, step inside the epoch)."""
+        for e, st in enumerate(self.steps):
+            if step < len(st):
+                return e, step
+            step -= len(st)
+        raise IndexError("step beyond the plan")
+
+    def epoch_float(self, step: int) -> float:
+        """Epochs completed after global step `step` (0-based) finishes."""
+        e, s = self.locate(step)
+        return e + (s + 1) / self.epoch_steps[e]
+
+
+def make_plan(train: list[int], lengths: list[int], cfg, max_steps: int | None = None) -> Plan:
+    import math
+
+    n_full = math.ceil(cfg.epochs)
+    steps = []
+    lengths_full: list[int] = []
+    total = 0
+    for e in range(n_full):
+        rows = epoch_rows(train, lengths, cfg.max_seq_len, cfg.packing, cfg.seed, e)
+        n = len(rows) // cfg.batch_rows
+        if e == n_full - 1 and cfg.epochs < n_full:
+            n = max(1, int(round(n * (cfg.epochs - e))))
+        st = [rows[i * cfg.batch_rows : (i + 1) * cfg.batch_rows] for i in range(n)]
+        full_n = len(rows) // cfg.batch_rows
+        if max_steps is not None and total + len(st) > max_steps:
+            st = st[: max_steps - total]
+        if st:
+            steps.append(st)
+            lengths_full.append(max(full_n, 1))
+        total += len(st)
+        if max_steps is not None and total >= max_steps:
+            break
+    return Plan(steps, cfg.epochs, total, lengths_full)
+
+
+def val_rows(val: list[int], lengths: list[int], max_seq_len: int, packing: bool) -> list[list[int]]:
+    return pack_rows(list(val), lengths, max_seq_len, packing)
+
+
+# ------------------------------------------------------------------------------------------------------ collation
+
+
+def collate(reader, rows: list[list[int]], max_seq_len: int) -> MicroBatch:
+    """Read the samples of `rows` and lay them out as [B, S] (S = the longest row), padding with doc = -1."""
+    samples = {i: reader[i] for row in rows for i in row}
+    B = len(rows)
+    S = max(row_tokens(r, reader.lengths, max_seq_len) for r in rows)
+    first = next(iter(samples.values()))
+    n_aux, H = first.aux_hidden.shape[1], first.aux_hidden.shape[2]
+    aux = torch.zeros(B, S, n_aux, H, dtype=first.aux_hidden.dtype)
+    final = torch.zeros(B, S, H, dtype=first.final_hidden.dtype)
+    ids = torch.zeros(B, S, dtype=torch.long)
+    loss_mask = torch.zeros(B, S, dtype=torch.bool)
+    pos = torch.zeros(B, S, dtype=torch.long)
+    doc = torch.full((B, S), -1, dtype=torch.long)
+    n_tokens = 0
+    for b, row in enumerate(rows):
+        off = 0
+        for d, i in enumerate(row):
+            s = samples[i]
+            n = min(len(s), max_seq_len)
+            aux[b, off : off + n] = s.aux_hidden[:n]
+            final[b, off : off + n] = s.final_hidden[:n]
+            ids[b, off : off + n] = s.input_ids[:n]
+            loss_mask[b, off : off + n] = s.loss_mask[:n]
+            pos[b, off : off + n] = torch.arange(n)
+            doc[b, off : off + n] = d
+            off += n
+        n_tokens += off
+    return MicroBatch(aux, final, ids, loss_mask, pos, doc, n_tokens, sum(len(r) for r in rows))

@@ -1,0 +1,276 @@
+"""Drafter checkpoints in the speculators format that vLLM loads as an EAGLE-3 speculator, plus the resume state.
+
+A checkpoint folder:
+  config.json          speculators format: `speculators_model_type: "eagle3"`, `speculators_config` (K speculative
+                       tokens, verifier name_or_path), `transformer_layer_config` (a llama config), `draft_vocab_size`,
+                       `eagle_aux_hidden_state_layer_ids` and the norm flags exactly as trained. No top-level
+                       `model_type` (vLLM's speculators detection needs its absence).
+  model.safetensors    fc, layers.N.*, norm, lm_head, d2t (int64 offsets), t2d (bool); fp32. No embed_tokens: vLLM
+                       shares the verifier's. (vLLM silently loads a checkpoint without d2t or lm_head and then accepts
+                       nothing, so `save_drafter` refuses to write one.)
+  training_state.pt    step checkpoints only: optimizer (keyed by parameter name), scheduler step, RNG states, data
+                       position, counters and the run's drafter config. Tensors, numbers and strings only, loaded with
+                       torch.load(weights_only=True): nothing is unpickled.
+Step checkpoints live in RUN_DIR/train/checkpoints/step_NNNNNNNN/ (written to a temporary folder, then renamed, so a
+folder with that name is always complete); the final one is RUN_DIR/train/final/ (no training state).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from eagle3lib.model.drafter import DrafterConfig, Eagle3Drafter
+
+CKPT_RE = re.compile(r"^step_(\d{8})$")
+TRAINING_STATE = "training_state.pt"
+
+
+class CheckpointError(ValueError):
+    pass
+
+
+def speculators_config(cfg: DrafterConfig) -> dict[str, Any]:
+    layer = {
+        "model_type": "llama",
+        "architectures": ["LlamaForCausalLM"],
+        "vocab_size": cfg.vocab_size,
+        "hidden_size": cfg.hidden_size,
+        "intermediate_size": cfg.intermediate_size,
+        "num_hidden_layers": cfg.num_layers,
+        "num_attention_heads": cfg.num_attention_heads,
+        "num_key_value_heads": cfg.num_key_value_heads,
+        "head_dim": cfg.head_dim,
+        "hidden_act": cfg.hidden_act,
+        "rms_norm_eps": cfg.rms_norm_eps,
+        "max_position_embeddings": cfg.max_position_embeddings,
+        "rope_theta": cfg.rope_theta,
+        "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rope_theta},
+        "attention_bias": False,
+        "mlp_bias": False,
+        "tie_word_embeddings": False,
+        "torch_dtype": "float32",
+    }
+    return {
+        "architectures": ["Eagle3Speculator"],
+        "speculators_model_type": "eagle3",
+        "speculators_version": "0.9.0",
+        "speculators_config": {
+            "algorithm": "eagle3",
+            "default_proposal_method": "greedy",
+            "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": cfg.ttt_steps}],
+            "verifier": {"name_or_path": cfg.verifier, "architectures": []},
+        },
+        "transformer_layer_config": layer,
+        "draft_vocab_size": cfg.draft_vocab_size,
+        "target_hidden_size": cfg.hidden_size,
+        "eagle_aux_hidden_state_layer_ids": list(cfg.aux_layer_ids),
+        "norm_before_residual": cfg.norm_before_residual,
+        "norm_before_fc": cfg.norm_before_fc,
+        "fc_norm": cfg.fc_norm,
+        "norm_output": cfg.norm_output,
+        "torch_dtype": "float32",
+        "eagle3lib": {"drafter_config": cfg.to_dict()},
+    }
+
+
+def config_from_speculators(d: dict[str, Any]) -> DrafterConfig:
+    """DrafterConfig from a speculators eagle3 config.json (ours, or one written by speculators itself)."""
+    if d.get("speculators_model_type") != "eagle3":
+        raise CheckpointError(f"not an EAGLE-3 speculators config (speculators_model_type={d.get('speculators_model_type')!r})")
+    if "model_type" in d:
+        raise CheckpointError("config.json has a top-level model_type: vLLM would not detect it as a speculators model")
+    t = d["transformer_layer_config"]
+    if t.get("model_type", "llama") != "llama":
+        raise CheckpointError(f"transformer_layer_config.model_type {t.get('model_type')!r}: only llama drafters are supported")
+    heads = int(t["num_attention_heads"])
+    rp = t.get("rope_parameters") or {}
+    spec = d.get("speculators_config", {})
+    return DrafterConfig(
+        hidden_size=int(t["hidden_size"]),
+        intermediate_size=int(t["intermediate_size"]),
+        num_attention_heads=heads,
+        num_key_value_heads=int(t.get("num_key_value_heads") or heads),
+        head_dim=int(t.get("head_dim") or int(t["hidden_size"]) // heads),
+        vocab_size=int(t["vocab_size"]),
+        draft_vocab_size=int(d.get("draft_vocab_size") or t["vocab_size"]),
+        num_layers=int(t.get("num_hidden_layers", 1)),
+        rms_norm_eps=float(t.get("rms_norm_eps", 1e-6)),
+        rope_theta=float(rp.get("rope_theta", t.get("rope_theta", 10000.0))),
+        max_position_embeddings=int(t.get("max_position_embeddings", 2048)),
+        hidden_act=t.get("hidden_act", "silu"),
+        aux_layer_ids=list(d.get("eagle_aux_hidden_state_layer_ids") or []),
+        norm_before_residual=bool(d.get("norm_before_residual", True)),  # vLLM's default when the key is absent
+        norm_output=bool(d.get("norm_output", False)),
+        norm_before_fc=bool(d.get("norm_before_fc", False)),
+        fc_norm=bool(d.get("fc_norm", False)),
+        ttt_steps=int((spec.get("proposal_methods") or [{}])[0].get("speculative_tokens", 3)),
+        verifier=str((spec.get("verifier") or {}).get("name_or_path") or ""),
+    )
+
+
+def drafter_tensors(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The drafter's state dict as vLLM names it (the training wrapper's prefixes removed)."""
+    out = {}
+    for k, v in state.items():
+        for prefix in ("module.", "drafter.", "_orig_mod."):
+            while k.startswith(prefix):
+                k = k[len(prefix):]
+        out[k] = v
+    return out
+
+
+def save_drafter(state: dict[str, torch.Tensor], cfg: DrafterConfig, out_dir: str | Path,
+                 training_state: dict[str, Any] | None = None, extra_files: dict[str, Any] | None = None) -> Path:
+    """Write a complete checkpoint folder atomically (temporary folder, fsync, rename)."""
+    from safetensors.torch import save_file
+
+    out_dir = Path(out_dir)
+    tensors = {k: v.detach().to("cpu").contiguous() for k, v in drafter_tensors(state).items()}
+    tensors.pop("embed_tokens", None)
+    full_vocab = cfg.draft_vocab_size == cfg.vocab_size
+    if full_vocab:  # vLLM has no d2t parameter then, and a d2t tensor would fail to load
+        tensors.pop("d2t", None)
+        tensors.pop("t2d", None)
+    for need in ("fc.weight", "lm_head.weight", "norm.weight", *(() if full_vocab else ("d2t",))):
+        if need not in tensors:
+            raise CheckpointError(f"refusing to write a drafter checkpoint without {need} (vLLM would load it silently "
+                                  "and never accept a draft)")
+    if tensors["lm_head.weight"].shape[0] != cfg.draft_vocab_size or (
+            not full_vocab and tensors["d2t"].numel() != cfg.draft_vocab_size):
+        raise CheckpointError("lm_head / d2t do not match draft_vocab_size")
+    if not full_vocab:
+        tensors["d2t"] = tensors["d2t"].to(torch.int64)
+    tmp = out_dir.parent / f".tmp-{out_dir.name}-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        (tmp / "config.json").write_text(json.dumps(speculators_config(cfg), indent=2) + "\n")
+        save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        if training_state is not None:
+            torch.save(training_state, tmp / TRAINING_STATE)
+        for name, obj in (extra_files or {}).items():
+            (tmp / name).write_text(json.dumps(obj, indent=2) + "\n")
+        for p in tmp.iterdir():
+            with open(p, "rb") as f:
+                os.fsync(f.fileno())
+        if out_dir.exists():
+            old = out_dir.parent / f".old-{out_dir.name}-{os.getpid()}"
+            os.replace(out_dir, old)
+            os.replace(tmp, out_dir)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out_dir
+
+
+def read_config(ckpt_dir: str | Path) -> DrafterConfig:
+    path = Path(ckpt_dir) / "config.json"
+    if not path.exists():
+        raise CheckpointError(f"{path}: no config.json (not a drafter checkpoint)")
+    try:
+        d = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"{path}: not valid JSON ({e})") from e
+    return config_from_speculators(d)
+
+
+def load_state(ckpt_dir: str | Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    files = sorted(Path(ckpt_dir).glob("*.safetensors"))
+    if not files:
+        raise CheckpointError(f"{ckpt_dir}: no safetensors weights")
+    state: dict[str, torch.Tensor] = {}
+    for f in files:
+        state.update(load_file(str(f)))
+    return drafter_tensors(state)
+
+
+def load_drafter(ckpt_dir: str | Path, device: str | torch.device = "cpu", verifier_path: str | None = None,
+                 dtype: torch.dtype = torch.float32) -> tuple[Eagle3Drafter, DrafterConfig]:
+    """(drafter in eval mode, its config) from a checkpoint folder. The embedding comes from the checkpoint when it
+    has one, else from the verifier (`verifier_path`, default: speculators_config.verifier.name_or_path)."""
+    cfg = read_config(ckpt_dir)
+    state = load_state(ckpt_dir)
+    model = Eagle3Drafter(cfg)
+    emb = state.pop("embed_tokens.weight", None)
+    if "d2t" not in state:
+        if cfg.draft_vocab_size != cfg.vocab_size:
+            raise CheckpointError(f"{ckpt_dir}: no d2t but draft_vocab_size {cfg.draft_vocab_size} != vocab {cfg.vocab_size}")
+        state["d2t"] = torch.zeros(cfg.draft_vocab_size, dtype=torch.int64)
+    if "t2d" not in state:
+        t2d = torch.zeros(cfg.vocab_size, dtype=torch.bool)
+        t2d[state["d2t"] + torch.arange(cfg.draft_vocab_size)] = True
+        state["t2d"] = t2d
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    if missing or unexpected:
+        raise CheckpointError(f"{ckpt_dir}: weights do not match its config.json (missing {missing}, unexpected {unexpected})")
+    if emb is None:
+        from eagle3lib.model.drafter import load_verifier_head
+        from eagle3lib.model.verifier import resolve_model
+
+        vp = verifier_path or cfg.verifier
+        if not vp:
+            raise CheckpointError(f"{ckpt_dir}: no embed_tokens and no verifier path to take them from")
+        emb = load_verifier_head(resolve_model(vp)).embed_tokens
+    with torch.no_grad():
+        model.embed_tokens.copy_(emb.to(model.embed_tokens.dtype))
+    return model.to(device=device, dtype=dtype).eval(), cfg
+
+
+# ---------------------------------------------------------------------------------------------------------- resume
+
+
+def list_checkpoints(ckpt_root: str | Path) -> list[tuple[int, Path]]:
+    root = Path(ckpt_root)
+    if not root.is_dir():
+        return []
+    out = []
+    for p in root.iterdir():
+        m = CKPT_RE.match(p.name)
+        if m and (p / TRAINING_STATE).exists() and (p / "model.safetensors").exists():
+            out.append((int(m.group(1)), p))
+    return sorted(out)
+
+
+def checkpoint_dir(ckpt_root: str | Path, step: int) -> Path:
+    return Path(ckpt_root) / f"step_{step:08d}"
+
+
+def prune_checkpoints(ckpt_root: str | Path, keep: int) -> None:
+    for _, p in list_checkpoints(ckpt_root)[: -keep if keep > 0 else None]:
+        shutil.rmtree(p, ignore_errors=True)
+    for p in Path(ckpt_root).glob(".tmp-*"):  # a killed writer's leftovers
+        shutil.rmtree(p, ignore_errors=True)
+
+
+def load_training_state(ckpt_dir: str | Path) -> dict[str, Any]:
+    path = Path(ckpt_dir) / TRAINING_STATE
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:
+        raise CheckpointError(f"{path}: cannot read the training state ({type(e).__name__}: {e})") from e
+
+
+def check_compatible(ckpt_dir: str | Path, cfg: DrafterConfig, draft_ids: torch.Tensor,
+                     saved: dict[str, Any]) -> None:
+    """Raise naming every difference between a checkpoint and the run that wants to resume from it."""
+    old = DrafterConfig.from_dict(saved["drafter_config"]).structure()
+    new = cfg.structure()
+    diffs = [f"{k}: checkpoint {old.get(k)!r}, now {new.get(k)!r}" for k in new if old.get(k) != new.get(k)]
+    old_ids = saved.get("draft_ids")
+    if old_ids is not None and not torch.equal(old_ids.cpu(), draft_ids.cpu()):
+        diffs.append("draft vocabulary differs")
+    if diffs:
+        raise CheckpointError(f"{ckpt_dir}: cannot resume, the checkpoint was trained with another configuration "
+                              f"({'; '.join(diffs)}). Use a new run directory, or set train.resume=false to start over.")

@@ -1,0 +1,162 @@
+"""Hidden states with HF transformers: forward hooks on just the captured layers, length-sorted padded batches.
+
+Index convention (CONTRIBUTING "Verifier conventions"): feature id k = the hidden state *entering* decoder layer k
+(a forward pre-hook on layers[k]) = HF `output_hidden_states[k]` for k < L. The final hidden state is the *output* of
+the last decoder layer (a forward hook on layers[L-1]), before the final norm. In transformers 5.x `hidden_states[L]`
+is NOT that: `capture_outputs` replaces it with `last_hidden_state`, which is post-norm (tests check both facts).
+
+Only the base model runs (no lm_head: at vocab 163,840 the logits would dwarf everything), without a KV cache, and
+only 4 tensors per batch are kept, not L+1: less memory and time than `output_hidden_states=True`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import torch
+
+from eagle3lib.data.chat_tokens import Tokenized
+
+
+def decoder_layers(model: Any) -> torch.nn.ModuleList:
+    """The decoder layer list of a causal LM (model.model.layers for Llama/Qwen/DeepSeek-style models)."""
+    base = model.get_decoder() if hasattr(model, "get_decoder") else getattr(model, "model", model)
+    layers = getattr(base, "layers", None)
+    if layers is None and hasattr(base, "language_model"):  # multimodal wrappers
+        layers = getattr(base.language_model, "layers", None)
+    if not isinstance(layers, torch.nn.ModuleList):
+        raise ValueError(f"cannot find the decoder layers of {type(model).__name__} (expected .model.layers)")
+    return layers
+
+
+def base_model(model: Any) -> torch.nn.Module:
+    return model.get_decoder() if hasattr(model, "get_decoder") else model.model
+
+
+class LayerCapture:
+    """Forward hooks that record the input of layers[k] for k in `aux_ids` and the output of the last layer."""
+
+    def __init__(self, layers: torch.nn.ModuleList, aux_ids: list[int]):
+        L = len(layers)
+        bad = [k for k in aux_ids if not 0 <= k < L]
+        if bad:
+            raise ValueError(f"aux layer ids {bad} out of range for a verifier with {L} decoder layers (0..{L - 1})")
+        self.aux_ids = list(aux_ids)
+        self.captured: dict[Any, torch.Tensor] = {}
+        self._handles = []
+        for k in sorted(set(aux_ids)):
+            self._handles.append(layers[k].register_forward_pre_hook(self._pre(k), with_kwargs=True))
+        self._handles.append(layers[L - 1].register_forward_hook(self._post("final")))
+
+    def _pre(self, key):
+        def hook(_module, args, kwargs):
+            self.captured[key] = args[0] if args else kwargs["hidden_states"]
+
+        return hook
+
+    def _post(self, key):
+        def hook(_module, _args, output):
+            self.captured[key] = output[0] if isinstance(output, tuple | list) else output
+
+        return hook
+
+    def pop(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(aux [B, T, n_aux, H], final [B, T, H]) of the last forward, on the device of the first aux layer."""
+        aux = [self.captured[k] for k in self.aux_ids]
+        dev = aux[0].device
+        out = torch.stack([a.to(dev) for a in aux], dim=2), self.captured["final"].to(dev)
+        self.captured = {}
+        return out
+
+    def remove(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+
+
+def pad_batch(batch: list[Tokenized], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-padded input ids and the attention mask of a batch of tokenized samples."""
+    T = max(len(s) for s in batch)
+    ids = torch.full((len(batch), T), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(batch), T), dtype=torch.long)
+    for b, s in enumerate(batch):
+        ids[b, : len(s)] = torch.from_numpy(s.input_ids.astype("int64"))
+        mask[b, : len(s)] = 1
+    return ids, mask
+
+
+def pick_device(device: str) -> str:
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return device
+
+
+def length_batches(samples: list[Tokenized], batch_tokens: int) -> list[list[int]]:
+    """Indices of `samples` grouped so that batch size x longest length <= batch_tokens, longest first."""
+    order = sorted(range(len(samples)), key=lambda i: -len(samples[i]))
+    batches: list[list[int]] = []
+    cur: list[int] = []
+    for i in order:
+        longest = len(samples[cur[0]]) if cur else len(samples[i])
+        if cur and (len(cur) + 1) * longest > batch_tokens:
+            batches.append(cur)
+            cur = []
+        cur.append(i)
+    if cur:
+        batches.append(cur)
+    return batches
+
+
+class HFExtractor:
+    """`extract(samples)` yields (sample, aux [T, 3, H], final [T, H]) on CPU, in input order."""
+
+    def __init__(self, model_path: str, aux_ids: list[int], dtype: str = "bfloat16", device: str = "auto",
+                 device_map: str | None = None, trust_remote_code: bool = False, batch_tokens: int = 16384,
+                 model: Any = None):
+        from eagle3lib.model.verifier import load_hf_model
+
+        self.device = pick_device(device)
+        if model is None:
+            model = load_hf_model(model_path, dtype=dtype, device_map=device_map, trust_remote_code=trust_remote_code)
+            if device_map is None:
+                model = model.to(self.device)
+        self.model = model
+        self.base = base_model(model)
+        self.layers = decoder_layers(model)
+        self.capture = LayerCapture(self.layers, aux_ids)
+        self.batch_tokens = batch_tokens
+        self.input_device = self.base.get_input_embeddings().weight.device
+        self.pad_id = 0
+
+    @torch.inference_mode()
+    def forward(self, batch: list[Tokenized]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        ids, mask = pad_batch(batch, self.pad_id)
+        self.base(input_ids=ids.to(self.input_device), attention_mask=mask.to(self.input_device), use_cache=False)
+        aux, final = self.capture.pop()
+        aux, final = aux.cpu(), final.cpu()
+        return [(aux[b, : len(s)].clone(), final[b, : len(s)].clone()) for b, s in enumerate(batch)]
+
+    def extract(self, samples: Iterable[Tokenized], window: int = 0) -> Iterator[tuple[Tokenized, torch.Tensor, torch.Tensor]]:
+        """Reads `window` samples at a time (default: enough for ~4 full batches), batches them by length, yields in order."""
+        it = iter(samples)
+        while True:
+            chunk: list[Tokenized] = []
+            budget = window or 4 * self.batch_tokens
+            tokens = 0
+            for s in it:
+                chunk.append(s)
+                tokens += len(s)
+                if (window and len(chunk) >= window) or (not window and tokens >= budget):
+                    break
+            if not chunk:
+                return
+            results: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+            for idx in length_batches(chunk, self.batch_tokens):
+                for i, r in zip(idx, self.forward([chunk[i] for i in idx]), strict=True):
+                    results[i] = r
+            for i, s in enumerate(chunk):
+                yield s, *results.pop(i)
+
+    def close(self) -> None:
+        self.capture.remove()

@@ -1,0 +1,98 @@
+"""Tables and the plot of the evaluate stage, from its results.json (eagle3lib.stages.evaluate): estimate vs measurements."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import matplotlib.pyplot as plt
+import polars as pl
+
+from eagle3lib.stages.evaluate import METHOD_LABEL, METHODS, comparison_rows
+
+SHORT = {"train_est": "estimate\n(train)", "val_est": "estimate\n(val)", "lib_greedy": "library\ngreedy",
+         "lib_sampled": "library\nsampled", "vllm_greedy": "vLLM\ngreedy", "vllm_sampled": "vLLM\nsampled"}
+COLORS = {"train_est": "#9e9e9e", "val_est": "#616161", "lib_greedy": "#1f77b4", "lib_sampled": "#aec7e8",
+          "vllm_greedy": "#d62728", "vllm_sampled": "#ff9896"}
+
+
+def comparison_table(results: dict[str, Any]) -> pl.DataFrame:
+    """Method | tau | accept_rate_pos_1..K | gap to vLLM greedy: the estimate and both measurements side by side."""
+    rows = comparison_rows(results)
+    cols = ["label", "tau", *[f"accept_rate_pos_{i + 1}" for i in range(results["k"])], "gap_vs_vllm_greedy"]
+    return pl.DataFrame([{c: r.get(c) for c in cols} for r in rows], schema={c: (pl.Utf8 if c == "label" else pl.Float64)
+                                                                              for c in cols}, orient="row")
+
+
+def category_table(results: dict[str, Any]) -> pl.DataFrame:
+    """tau per prompt category and method (measurements only: the training estimate has no categories)."""
+    cats = sorted({c for side in ("lib", "vllm") for mode in ("greedy", "sampled")
+                   for c in (((results.get(side) or {}).get(mode) or {}).get("categories") or {})})
+    rows = []
+    for cat in cats:
+        row: dict[str, Any] = {"category": cat, "prompts": results["prompts"]["per_category"].get(cat)}
+        for side in ("lib", "vllm"):
+            for mode in ("greedy", "sampled"):
+                c = ((((results.get(side) or {}).get(mode) or {}).get("categories") or {}).get(cat)) or {}
+                row[f"tau_{side}_{mode}"] = c.get("tau")
+        rows.append(row)
+    schema = {"category": pl.Utf8, "prompts": pl.Int64,
+              **{f"tau_{s}_{m}": pl.Float64 for s in ("lib", "vllm") for m in ("greedy", "sampled")}}
+    return pl.DataFrame(rows, schema=schema, orient="row")
+
+
+def speed_table(results: dict[str, Any]) -> pl.DataFrame:
+    """Library: plain vs speculative decoding wall clock; vLLM: output tokens/s with and without the drafter."""
+    rows = []
+    lib = results.get("lib")
+    if lib:
+        mode = lib["baseline_mode"]
+        rows.append({"where": f"library ({lib['device']}, {lib['dtype']}, batch 1)", "mode": mode,
+                     "tokens_per_s_base": lib["plain"]["tokens_per_s"], "tokens_per_s_spec": lib["spec_tokens_per_s"],
+                     "speedup": lib["speedup"]})
+    v = results.get("vllm")
+    if v:
+        for mode in ("greedy", "sampled"):
+            if mode in v and mode in v.get("base", {}):
+                s, b = v[mode]["tokens_per_s"], v["base"][mode]["tokens_per_s"]
+                rows.append({"where": "vLLM server", "mode": mode, "tokens_per_s_base": b, "tokens_per_s_spec": s,
+                             "speedup": s / b if s and b else None})
+    schema = {"where": pl.Utf8, "mode": pl.Utf8, "tokens_per_s_base": pl.Float64, "tokens_per_s_spec": pl.Float64,
+              "speedup": pl.Float64}
+    return pl.DataFrame(rows, schema=schema, orient="row")
+
+
+def plot_comparison(results: dict[str, Any]):
+    """Left: acceptance rate per draft position (share of rounds whose first i drafts were all accepted) for every
+    method. Right: tau per method, the vLLM greedy measurement as the reference line."""
+    rows = {r["method"]: r for r in comparison_rows(results)}
+    k = results["k"]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    xs = list(range(1, k + 1))
+    for m in METHODS:
+        r = rows.get(m)
+        if not r:
+            continue
+        ys = [r.get(f"accept_rate_pos_{i}") for i in xs]
+        pts = [(x, y) for x, y in zip(xs, ys, strict=True) if y is not None]
+        if pts:
+            ax1.plot(*zip(*pts, strict=True), marker="o", color=COLORS[m], ls="--" if m.endswith("_est") else "-",
+                     label=METHOD_LABEL[m])
+    ax1.set(xlabel="draft position i", ylabel="acceptance rate (first i drafts accepted)", ylim=(0, 1.02),
+            xticks=xs, title="acceptance per position")
+    ax1.legend(fontsize=8)
+    names = [m for m in METHODS if m in rows and rows[m]["tau"] is not None]
+    taus = [rows[m]["tau"] for m in names]
+    bars = ax2.bar(range(len(names)), taus, color=[COLORS[m] for m in names])
+    for b, t in zip(bars, taus, strict=True):
+        ax2.text(b.get_x() + b.get_width() / 2, t + 0.02, f"{t:.2f}", ha="center", va="bottom", fontsize=8)
+    ref = rows.get("vllm_greedy", {}).get("tau")
+    if ref:
+        ax2.axhline(ref, color=COLORS["vllm_greedy"], lw=0.8, ls=":")
+    ax2.set_xticks(range(len(names)), [SHORT[m] for m in names], fontsize=8)
+    title = f"tau (K={k}, at most {k + 1})"
+    est = rows.get("val_est", {}).get("tau")
+    if ref and est:
+        title += f"; val estimate {est - ref:+.2f} vs vLLM greedy"
+    ax2.set(ylabel="acceptance length tau", ylim=(0, k + 1.2), title=title)
+    fig.tight_layout()
+    return fig

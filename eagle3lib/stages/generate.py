@@ -1,0 +1,530 @@
+"""The generate stage: the verifier answers every training prompt, reasoning included, and the answers become the data.
+
+The drafter learns to predict the verifier's own outputs, so each prompt (a conversation up to its last user turn) is
+sent to the verifier's OpenAI-compatible server at high concurrency (`gen_client`), either an endpoint that already
+runs (`verifier.server_url`) or a local vLLM server this stage starts and stops.
+
+Output: RUN_DIR/generate/shard-NNNNN.jsonl (`shards`), one record per line:
+    {"id", "category", "status": "ok"|"truncated"|"empty"|"failed",
+     "messages": [prompt messages..., {"role": "assistant", "content", "reasoning_content"}],   # assistant turn only
+                                                                                             # when a response came back
+     "finish_reason", "prompt_tokens", "completion_tokens", "error", "attempts", "reasoning_tokens"}
+- ok: a response with reasoning or content that ended by itself; truncated: cut off by max_tokens (finish_reason
+  "length"); empty: ended with neither reasoning nor content; failed: no response (HTTP 4xx with the server's message,
+  or retries exhausted). Only "ok" is training data by default (`iter_generated`).
+- Resume: a re-run skips every prompt whose latest record is ok/truncated/empty and sends the rest, including those
+  recorded failed (`retry_failed`, mostly transient: server down, timeouts). A retried prompt gets a new record and the
+  latest record per id wins, so readers see every prompt exactly once. A torn last line (kill -9 mid-write) is ignored
+  by readers and truncated by the next writer. Records made with other settings (dataset, sampling, model) are never
+  mixed in: the folder's `generate_key.json` must match, or the stage refuses to resume. One writer at a time: a
+  second run on the same folder stops at once (`shards.ShardsLocked`).
+- A local server that dies mid-run is restarted (`generate.server_restarts` times) while the requests retry.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+from tqdm import tqdm
+
+from eagle3lib.core.atomic import write_json_atomic
+from eagle3lib.core.manifest import StageTimer, read_manifest, update_manifest
+from eagle3lib.data.datasets import Conversation, DatasetError, LoadStats, load_conversations, resolve_path
+from eagle3lib.data.shards import ReadStats, ShardWriter, iter_records, list_shards
+from eagle3lib.vllm.chat_api import ChatResult, chat_payload
+from eagle3lib.vllm.client import RetryPolicy, chat_with_retries, make_http_client
+from eagle3lib.vllm.server import Endpoint, ServerError, VLLMServer, discover_model
+
+STATUSES = ("ok", "truncated", "empty", "failed")
+FINAL_STATUSES = ("ok", "truncated", "empty")  # outcomes of the model itself: asking again gives the same kind of answer
+KEY_FILE = "generate_key.json"
+# What decides which prompts, in which order, and how they are answered. Everything else may change between runs,
+# max_samples included: the order does not depend on it, so raising it extends a run with more prompts.
+KEY_FIELDS = ("dataset", "shuffle", "seed", "max_tokens", "temperature", "top_p", "request_seed",
+              "chat_template_kwargs", "extra_body")
+
+
+class GenerateError(RuntimeError):
+    pass
+
+
+# ----------------------------------------------------------------------------------------------------------- prompts
+
+
+@dataclass
+class Prompts:
+    items: list[Conversation]  # prompts to answer: the conversation up to its last user turn, in run order
+    load: LoadStats
+    skipped_no_user_turn: int = 0
+    duplicate_ids: int = 0  # skipped with on_bad_record=skip (counted in bad_records too)
+
+
+def load_prompts(cfg) -> Prompts:
+    """The stage's prompts: dataset -> shuffled -> prompt() -> capped at max_samples. Bad records per on_bad_record."""
+    stats = LoadStats()
+    convs = load_conversations(cfg.dataset, on_bad_record=cfg.on_bad_record, shuffle=cfg.shuffle, seed=cfg.seed, stats=stats)
+    out = Prompts([], stats)
+    seen: dict[str, str] = {}
+    for c in convs:
+        prompt = c.prompt()
+        if prompt is None:
+            out.skipped_no_user_turn += 1
+            continue
+        if c.id in seen:  # an explicit id used twice: outputs are keyed by id, so this would lose one of them
+            if cfg.on_bad_record == "error":
+                raise DatasetError(f"{c.source}: id {c.id!r} already used at {seen[c.id]} (ids must be unique; "
+                                   "or set generate.on_bad_record: skip)")
+            out.duplicate_ids += 1
+            stats.bad_records += 1
+            continue
+        seen[c.id] = c.source
+        out.items.append(Conversation(c.id, prompt, c.category, c.source, c.extra))
+        if cfg.max_samples is not None and len(out.items) >= cfg.max_samples:
+            break
+    return out
+
+
+# ------------------------------------------------------------------------------------------------------------ records
+
+
+def classify(result: ChatResult) -> str:
+    if result.finish_reason == "length":
+        return "truncated"
+    if not (result.reasoning or "").strip() and not (result.content or "").strip():
+        return "empty"
+    return "ok"
+
+
+def make_record(conv: Conversation, result: ChatResult | None, error: str | None, attempts: int,
+                reasoning_tokens: int | None = None) -> dict[str, Any]:
+    messages = list(conv.messages)
+    if result is not None:
+        messages.append({"role": "assistant", "content": result.content or "", "reasoning_content": result.reasoning or ""})
+    return {
+        "id": conv.id,
+        "category": conv.category,
+        "status": classify(result) if result is not None else "failed",
+        "messages": messages,
+        "finish_reason": result.finish_reason if result is not None else None,
+        "prompt_tokens": result.prompt_tokens if result is not None else 0,
+        "completion_tokens": result.completion_tokens if result is not None else 0,
+        "error": error,
+        "attempts": attempts,
+        "reasoning_tokens": reasoning_tokens,  # the server's count (vLLM with a reasoning parser), else null
+    }
+
+
+def latest_records(gen_dir: str | Path, stats: ReadStats | None = None) -> dict[str, tuple[dict[str, Any], str]]:
+    """id -> (its latest record, "shard-NNNNN.jsonl:line"), in order of first appearance; torn lines ignored."""
+    out: dict[str, tuple[dict[str, Any], str]] = {}
+    for path, line, rec in iter_records(gen_dir, stats):
+        if isinstance(rec.get("id"), str):
+            out[rec["id"]] = (rec, f"{path.name}:{line}")
+    return out
+
+
+def iter_generated(gen_dir: str | Path, statuses: Iterable[str] | None = ("ok",)) -> Iterator[Conversation]:
+    """The generated conversations (prompt + the verifier's assistant turn with `reasoning_content`), one per prompt id.
+
+    Records are de-duplicated by id (the latest wins: a retried failure replaces its first try), torn lines ignored.
+    `statuses=None` yields every status; a failed record has no assistant turn. `extra` holds status, finish_reason,
+    prompt_tokens, completion_tokens, attempts and error; `source` is "shard-NNNNN.jsonl:line".
+    """
+    wanted = None if statuses is None else set(statuses)
+    if wanted is not None and (unknown := wanted - set(STATUSES)):
+        raise ValueError(f"unknown status(es) {sorted(unknown)}; statuses are {STATUSES}")
+    for rec, source in latest_records(gen_dir).values():
+        if wanted is not None and rec.get("status") not in wanted:
+            continue
+        extra = {k: rec.get(k) for k in ("status", "finish_reason", "prompt_tokens", "completion_tokens", "reasoning_tokens",
+                                         "attempts", "error")}
+        yield Conversation(rec["id"], rec.get("messages") or [], rec.get("category"), f"{Path(gen_dir) / source}", extra)
+
+
+# --------------------------------------------------------------------------------------------------------- run key
+
+
+def run_key(cfg, verifier_cfg) -> dict[str, Any]:
+    key = {k: getattr(cfg, k) for k in KEY_FIELDS}
+    try:
+        key["dataset"] = str(resolve_path(cfg.dataset).resolve())
+    except DatasetError:
+        pass
+    key["verifier_model"] = verifier_cfg.served_model_name or verifier_cfg.model
+    return json.loads(json.dumps(key))
+
+
+def check_run_key(gen_dir: Path, key: dict[str, Any]) -> None:
+    """Refuse to add records made with other settings to a folder that already has some."""
+    path = gen_dir / KEY_FILE
+    if path.exists() and list_shards(gen_dir):
+        old = json.loads(path.read_text())
+        diffs = [f"{k}: {old[k]!r} -> {key[k]!r}" for k in sorted(set(old) & set(key)) if old[k] != key[k]]
+        if diffs:
+            raise GenerateError(f"{gen_dir} holds records generated with other settings ({'; '.join(diffs)}); "
+                                "delete that folder (or re-run the stage with --force) to start over")
+    write_json_atomic(path, key)
+
+
+# ------------------------------------------------------------------------------------------------------------ figures
+
+
+@dataclass
+class RunStats:
+    generated: int = 0  # records written by this invocation
+    output_tokens: int = 0  # completion tokens of those records
+    retries: int = 0
+    server_restarts: int = 0
+    in_flight: int = 0
+    max_in_flight: int = 0
+    by_status: dict[str, int] = field(default_factory=lambda: dict.fromkeys(STATUSES, 0))
+
+
+def reasoning_share(rec: dict[str, Any]) -> float:
+    """Share of a response's characters that are reasoning (to split completion tokens without a tokenizer)."""
+    msgs = rec.get("messages") or []
+    last = msgs[-1] if msgs and msgs[-1].get("role") == "assistant" else {}
+    r, c = len(last.get("reasoning_content") or ""), len(last.get("content") or "")
+    return r / (r + c) if r + c else 0.0
+
+
+def dataset_figures(prompts: Prompts, latest: dict[str, tuple[dict[str, Any], str]]) -> dict[str, Any]:
+    counts = dict.fromkeys(STATUSES, 0)
+    input_tokens = output_tokens = 0
+    reasoning_est = 0.0
+    for conv in prompts.items:
+        hit = latest.get(conv.id)
+        if hit is None:
+            continue
+        rec = hit[0]
+        counts[rec.get("status") if rec.get("status") in counts else "failed"] += 1
+        input_tokens += int(rec.get("prompt_tokens") or 0)
+        output_tokens += int(rec.get("completion_tokens") or 0)
+        counted = rec.get("reasoning_tokens")
+        reasoning_est += counted if isinstance(counted, int) else int(rec.get("completion_tokens") or 0) * reasoning_share(rec)
+    done = sum(counts.values())
+    return {
+        "samples_total": len(prompts.items),
+        "samples_ok": counts["ok"],
+        "samples_failed": counts["failed"],
+        "samples_truncated": counts["truncated"],
+        "samples_empty": counts["empty"],
+        "samples_missing": len(prompts.items) - done,  # 0 when the run completed
+        "skipped_no_user_turn": prompts.skipped_no_user_turn,
+        "bad_records": prompts.load.bad_records,
+        "input_records": prompts.load.records,
+        "input_tokens": input_tokens,
+        "output_tokens": output_tokens,
+        "reasoning_tokens_est": round(reasoning_est),  # the server's count where given, else split by characters
+    }
+
+
+# ---------------------------------------------------------------------------------------------------------- the run
+
+
+async def _answer_all(pending: list[Conversation], endpoint: Endpoint, cfg, writer: ShardWriter, stats: RunStats,
+                      server: VLLMServer | None, server_restarts: int) -> float:
+    """Answer `pending` with `cfg.concurrency` workers; returns the wall time. Raises ServerUnreachable to stop."""
+    policy = RetryPolicy(cfg.max_attempts, cfg.backoff_base_s, cfg.backoff_max_s, cfg.server_down_wait_s)
+    todo = iter(pending)  # shared by the workers: next() never awaits, so each prompt goes to exactly one worker
+    pbar = tqdm(total=len(pending), desc="generate", unit="sample", mininterval=5.0, disable=not cfg.progress,
+                file=sys.stderr)
+    t0 = time.monotonic()
+    window: deque[tuple[float, int]] = deque([(t0, 0)])
+
+    def on_retry(_reason: str) -> None:
+        stats.retries += 1
+
+    async def worker(http: httpx.AsyncClient) -> None:
+        for conv in todo:
+            payload = request_payload(endpoint.model, conv, cfg)
+            stats.in_flight += 1
+            stats.max_in_flight = max(stats.max_in_flight, stats.in_flight)
+            try:
+                reply = await chat_with_retries(http, payload, policy, on_retry)
+            finally:
+                stats.in_flight -= 1
+            rec = make_record(conv, reply.result, reply.error, reply.attempts, reply.reasoning_tokens)
+            writer.write(rec)
+            stats.generated += 1
+            stats.output_tokens += rec["completion_tokens"]
+            stats.by_status[rec["status"]] += 1
+            now = time.monotonic()
+            window.append((now, stats.output_tokens))
+            while len(window) > 2 and now - window[0][0] > 30.0:  # tokens/s over the last ~30 s, like tqdm's rate
+                window.popleft()
+            (t_old, tok_old) = window[0]
+            rate = (stats.output_tokens - tok_old) / (now - t_old) if now > t_old else 0.0
+            pbar.update(1)
+            pbar.set_postfix_str(f"{rate:,.0f} tok/s, failed {stats.by_status['failed']}", refresh=False)
+
+    async def watchdog() -> None:
+        """Restart a local server that died (its requests are retrying meanwhile)."""
+        while True:
+            await asyncio.sleep(2.0)
+            if server is not None and server.proc is not None and server.proc.poll() is not None:
+                if stats.server_restarts >= server_restarts:
+                    raise ServerError(f"local vLLM server exited (code {server.proc.returncode}) and "
+                                      f"generate.server_restarts={server_restarts} are used up; see {server.log_path}")
+                stats.server_restarts += 1
+                tqdm.write(f"generate: local vLLM server exited (code {server.proc.returncode}); restarting "
+                           f"({stats.server_restarts}/{server_restarts})", file=sys.stderr)
+                restart = asyncio.ensure_future(asyncio.to_thread(server.start))  # same port; raises with the log tail
+                try:
+                    await asyncio.shield(restart)
+                except asyncio.CancelledError:  # the run is stopping: let the start finish so that stop() catches it
+                    await asyncio.wait([restart])
+                    raise
+
+    http = make_http_client(endpoint, cfg.concurrency, cfg.request_timeout_s, cfg.connect_timeout_s)
+    try:
+        async with http:
+            workers = [asyncio.create_task(worker(http)) for _ in range(min(cfg.concurrency, len(pending)))]
+            guard = asyncio.create_task(watchdog()) if server is not None else None
+            try:
+                # the first failure (a dead server, a bug) cancels everything else; finished records stay written
+                waiting = set(workers) | ({guard} if guard else set())
+                while any(not w.done() for w in workers):
+                    done, waiting = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+                    for t in done:
+                        if t.exception() is not None:
+                            raise t.exception()
+            finally:
+                for t in [*workers, *([guard] if guard else [])]:
+                    t.cancel()
+                await asyncio.gather(*workers, *([guard] if guard else []), return_exceptions=True)
+    finally:
+        pbar.close()
+    return time.monotonic() - t0
+
+
+def run_coroutine(coro):
+    """asyncio.run, also from inside a running event loop (a Jupyter kernel has one): then in a thread of its own.
+
+    An interrupt of the waiting thread (Jupyter's stop button) cancels the coroutine and waits for it to unwind, so the
+    shard writer is closed and no request is left running.
+    """
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)
+    loop = asyncio.new_event_loop()
+    task = loop.create_task(coro)
+    out: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            out["value"] = loop.run_until_complete(task)
+        except BaseException as e:  # re-raised in the calling thread
+            out["error"] = e
+        finally:
+            loop.run_until_complete(loop.shutdown_asyncgens())
+            loop.close()
+
+    thread = threading.Thread(target=target, name="generate-client", daemon=True)
+    thread.start()
+    try:
+        while thread.is_alive():
+            thread.join(0.5)
+    except BaseException:
+        loop.call_soon_threadsafe(task.cancel)
+        thread.join()
+        raise
+    if "error" in out:
+        raise out["error"]
+    return out["value"]
+
+
+def request_payload(model: str, conv: Conversation, cfg) -> dict[str, Any]:
+    seed = None
+    if cfg.request_seed:
+        seed = int(hashlib.sha256(f"{cfg.seed}:{conv.id}".encode()).hexdigest()[:8], 16) & 0x7FFFFFFF
+    payload = chat_payload(model, conv.messages, max_tokens=cfg.max_tokens or 1, temperature=cfg.temperature,
+                           top_p=cfg.top_p, seed=seed, chat_template_kwargs=cfg.chat_template_kwargs or None)
+    if cfg.max_tokens is None:
+        payload.pop("max_tokens")  # the server's default: the rest of the context
+    payload.update(cfg.extra_body)
+    return payload
+
+
+def connect_endpoint(verifier_cfg, connect_timeout_s: float, model: str | None = None, base_url: str | None = None,
+                     local: bool = False) -> Endpoint:
+    """An Endpoint for a running server (`verifier.server_url`), checked now: unreachable fails within the connect timeout.
+
+    The model name is `model`, else `verifier.served_model_name`, else the server's first model. `local`: a server this
+    stage started (no API key).
+    """
+    url = (base_url or verifier_cfg.server_url).rstrip("/")
+    url = url[: -len("/v1")] if url.endswith("/v1") else url
+    endpoint = Endpoint(url, model or verifier_cfg.served_model_name or "", None if local else verifier_cfg.api_key_env)
+    headers = endpoint.headers()
+    try:
+        r = httpx.get(f"{url}/v1/models", headers=headers,
+                      timeout=httpx.Timeout(60.0, connect=connect_timeout_s))
+    except httpx.HTTPError as e:
+        raise ServerError(f"cannot reach the verifier server at {url} (connect timeout {connect_timeout_s:g} s): "
+                          f"{type(e).__name__}: {e}") from e
+    if r.status_code != 200:
+        raise ServerError(f"{url}/v1/models answered HTTP {r.status_code}: {r.text[:300]}")
+    if not endpoint.model:
+        endpoint.model = discover_model(url, headers, connect_timeout_s)
+    return endpoint
+
+
+def _strip_secrets(url: str) -> str:
+    u = httpx.URL(url)
+    return str(u.copy_with(username=None, password=None, query=None))
+
+
+def generate(cfg, verifier_cfg, out_dir: str | Path, *, manifest_params: dict[str, Any] | None = None,
+             server_url: str | None = None) -> dict[str, Any]:
+    """Run the stage into `out_dir`: figures into manifest.json, records into shards. Returns {"figures", "outputs"}.
+
+    `server_url` overrides `verifier.server_url` (tests, benchmarks); with neither, a local vLLM server is started.
+    """
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    prompts = load_prompts(cfg)  # bad input fails here, before a server is started
+    # The writer locks the folder (a second run on the same folder would duplicate work) and cuts a torn tail.
+    with ShardWriter(out_dir, cfg.shard_records, cfg.fsync_interval_s) as writer:
+        check_run_key(out_dir, run_key(cfg, verifier_cfg))
+        previous = (read_manifest(out_dir) or {}).get("figures", {})
+        timer = StageTimer(out_dir, manifest_params or {"generate": cfg.model_dump(mode="json")})
+        t_start = time.monotonic()
+        done_statuses = set(FINAL_STATUSES) | (set() if cfg.retry_failed else {"failed"})
+        latest = latest_records(out_dir)
+        pending = [c for c in prompts.items if c.id not in latest or latest[c.id][0].get("status") not in done_statuses]
+        stats = RunStats()
+        figures: dict[str, Any] = {"concurrency": cfg.concurrency, "samples_resumed": len(prompts.items) - len(pending),
+                                   "torn_bytes_repaired": writer.repaired_bytes}
+        wall = 0.0
+        try:
+            if pending:
+                endpoint, server = _open_server(cfg, verifier_cfg, out_dir, server_url, figures)
+                try:
+                    figures["server_model"] = endpoint.model
+                    figures["server_version"] = endpoint.info().get("server_version")
+                    figures["server_url"] = _strip_secrets(endpoint.base_url)
+                    wall = run_coroutine(_answer_all(pending, endpoint, cfg, writer, stats, server, cfg.server_restarts))
+                finally:
+                    if server is not None:
+                        server.stop()
+        except BaseException as e:
+            writer.sync()
+            if stats.generated:
+                figures.update(_run_figures(stats, wall or time.monotonic() - t_start))
+            figures.update(dataset_figures(prompts, latest_records(out_dir)))
+            update_manifest(out_dir, status="failed", error=f"{type(e).__name__}: {e}", figures=figures)
+            raise
+    read_stats = ReadStats()
+    figures.update(dataset_figures(prompts, latest_records(out_dir, read_stats)))
+    figures["torn_lines_ignored"] = read_stats.torn_lines  # 0 unless a shard was damaged in the middle
+    if stats.generated:
+        figures.update(_run_figures(stats, wall))
+    else:  # nothing left to do: keep the throughput figures of the run that did the work
+        for k in ("wall_s", "samples_per_s", "output_tokens_per_s", "server_model", "server_version"):
+            if k in previous:
+                figures[k] = previous[k]
+        figures.update({"samples_generated": 0, "retries": 0})
+    shards = [p.name for p in list_shards(out_dir)]
+    timer.finish(figures, {"shards": shards, "key": KEY_FILE})
+    _print_summary(figures, stats)
+    return {"figures": figures, "outputs": {"shards": shards}}
+
+
+def _open_server(cfg, verifier_cfg, out_dir: Path, server_url: str | None,
+                 figures: dict[str, Any]) -> tuple[Endpoint, VLLMServer | None]:
+    """(endpoint, the local server this stage started or None): `server_url`/`verifier.server_url`, else a local vLLM."""
+    url = server_url or verifier_cfg.server_url
+    if url:
+        figures["server_mode"] = "remote"
+        return connect_endpoint(verifier_cfg, cfg.connect_timeout_s, base_url=url), None
+    from eagle3lib.model.verifier import resolve_model
+    from eagle3lib.vllm.server import server_for_verifier
+
+    server = server_for_verifier(verifier_cfg, resolve_model(verifier_cfg.model), out_dir / "vllm.log")
+    t0 = time.monotonic()
+    server.start()  # waits for /health; on failure raises with the log tail
+    figures["server_mode"] = "local"
+    figures["server_start_s"] = round(time.monotonic() - t0, 1)
+    try:
+        return connect_endpoint(verifier_cfg, cfg.connect_timeout_s, model=server.endpoint().model,
+                                base_url=server.base_url, local=True), server
+    except BaseException:
+        server.stop()
+        raise
+
+
+def _run_figures(stats: RunStats, wall: float) -> dict[str, Any]:
+    return {
+        "samples_generated": stats.generated,  # by this invocation (a resumed run did the rest earlier)
+        "wall_s": round(wall, 2),  # this invocation's generation time (server start-up excluded: server_start_s)
+        "samples_per_s": round(stats.generated / wall, 3) if wall > 0 else 0.0,
+        "output_tokens_per_s": round(stats.output_tokens / wall, 1) if wall > 0 else 0.0,
+        "retries": stats.retries,
+        "max_in_flight": stats.max_in_flight,
+        "server_restarts": stats.server_restarts,
+    }
+
+
+def _print_summary(f: dict[str, Any], stats: RunStats) -> None:
+    print(f"generate: {f['samples_total']} prompts: {f['samples_ok']} ok, {f['samples_truncated']} truncated, "
+          f"{f['samples_empty']} empty, {f['samples_failed']} failed ({f['samples_resumed']} done before this run); "
+          f"skipped {f['skipped_no_user_turn']} without a user turn, {f['bad_records']} bad records")
+    if stats.generated:
+        print(f"generate: this run {stats.generated} samples, {stats.output_tokens:,} output tokens in {f['wall_s']:.1f} s "
+              f"= {f['samples_per_s']:.2f} samples/s, {f['output_tokens_per_s']:,.0f} tokens/s at concurrency "
+              f"{f['concurrency']} ({stats.retries} retries)")
+
+
+def run_generate(ctx, server_url: str | None = None) -> dict[str, Any]:
+    """Stage entry point (the notebook's one call)."""
+    return generate(ctx.cfg, ctx.verifier, ctx.dir, manifest_params=ctx.manifest_params(), server_url=server_url)
+
+
+# ------------------------------------------------------------------------------------------------------ for reports
+
+
+def length_table(gen_dir: str | Path, tokenizer=None, statuses: Iterable[str] | None = None, limit: int | None = None):
+    """polars DataFrame, one row per prompt: status, category, token counts of the prompt, the reasoning and the content.
+
+    With a tokenizer (the verifier's), reasoning and content are counted exactly; without one, completion_tokens is
+    split by their share of characters (`*_est` columns).
+    """
+    import polars as pl
+
+    rows = []
+    for conv in iter_generated(gen_dir, statuses):
+        last = conv.messages[-1] if conv.messages and conv.messages[-1].get("role") == "assistant" else {}
+        rows.append({"id": conv.id, "category": conv.category, "status": conv.extra["status"],
+                     "finish_reason": conv.extra["finish_reason"], "prompt_tokens": conv.extra["prompt_tokens"],
+                     "completion_tokens": conv.extra["completion_tokens"],
+                     "reasoning": last.get("reasoning_content") or "", "content": last.get("content") or ""})
+        if limit is not None and len(rows) >= limit:
+            break
+    df = pl.DataFrame(rows, schema={"id": pl.String, "category": pl.String, "status": pl.String,
+                                    "finish_reason": pl.String, "prompt_tokens": pl.Int64, "completion_tokens": pl.Int64,
+                                    "reasoning": pl.String, "content": pl.String})
+    if tokenizer is not None:
+        def count(texts: list[str]) -> list[int]:
+            return [len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]] if texts else []
+
+        df = df.with_columns(pl.Series("reasoning_tokens", count(df["reasoning"].to_list()), dtype=pl.Int64),
+                             pl.Series("content_tokens", count(df["content"].to_list()), dtype=pl.Int64))
+    else:
+        chars = (df["reasoning"].str.len_chars() + df["content"].str.len_chars()).cast(pl.Float64)
+        share = (df["reasoning"].str.len_chars().cast(pl.Float64) / chars).fill_nan(0.0)
+        df = df.with_columns((share * df["completion_tokens"]).round().cast(pl.Int64).alias("reasoning_tokens_est"),
+                             ((1 - share) * df["completion_tokens"]).round().cast(pl.Int64).alias("content_tokens_est"))
+    return df.drop("reasoning", "content")

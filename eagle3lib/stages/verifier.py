@@ -1,0 +1,75 @@
+"""The verifier stage: make sure the verifier exists (building the tiny one), describe it, and show how it answers.
+
+A drafter's acceptance length on a random or looping verifier means nothing, so this report shows the held-out loss
+and real greedy and sampled chat answers, served by vLLM exactly as the generate stage will use it.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from eagle3lib.core.manifest import StageTimer
+from eagle3lib.core.paths import ASSETS_DIR
+from eagle3lib.model.verifier import BUILTIN_TINY, aux_layer_ids, load_config, resolve_model
+from eagle3lib.vllm.chat_api import chat_once
+from eagle3lib.vllm.server import server_for_verifier
+
+HELDOUT_PROMPTS = ASSETS_DIR / "prompts" / "heldout.jsonl"
+
+
+def describe(model_path: str, verifier_cfg) -> dict[str, Any]:
+    c = load_config(model_path, verifier_cfg.trust_remote_code)
+    out = {
+        "architecture": (getattr(c, "architectures", None) or [type(c).__name__])[0],
+        "num_layers": c.num_hidden_layers,
+        "hidden_size": c.hidden_size,
+        "vocab_size": c.vocab_size,
+        "aux_layer_ids": aux_layer_ids(verifier_cfg.aux_layer_ids, c.num_hidden_layers),
+    }
+    report = Path(model_path) / "build_report.json"
+    if report.exists():  # the tiny verifier records what its build measured
+        b = json.loads(report.read_text())
+        out.update({k: b[k] for k in ("parameters", "heldout_loss", "final_train_loss", "train_tokens",
+                                      "train_tokens_per_s", "build_seconds", "recipe_key")})
+        out["train_loss_curve"] = b["train_loss_curve"]
+    return out
+
+
+def sample_answers(endpoint, prompts: list[dict], cfg) -> list[dict]:
+    rows = []
+    for p in prompts:
+        for mode, temp in (("greedy", 0.0), ("sampled", cfg.temperature)):
+            t0 = time.time()
+            r = chat_once(endpoint, p["messages"], max_tokens=cfg.max_tokens, temperature=temp, seed=cfg.seed)
+            rows.append({"id": p["id"], "category": p["category"], "mode": mode, "prompt": p["messages"][-1]["content"],
+                         "reasoning": r.reasoning, "content": r.content, "finish_reason": r.finish_reason,
+                         "completion_tokens": r.completion_tokens, "seconds": round(time.time() - t0, 3)})
+    return rows
+
+
+def run_verifier_report(ctx) -> dict[str, Any]:
+    cfg, vcfg = ctx.cfg, ctx.verifier
+    timer = StageTimer(ctx.dir, ctx.manifest_params())
+    t0 = time.time()
+    model_path = resolve_model(vcfg.model)
+    figures: dict[str, Any] = {"model": vcfg.model if vcfg.model != BUILTIN_TINY else "eagle3lib tiny (built)",
+                               "resolve_seconds": round(time.time() - t0, 1), **describe(model_path, vcfg)}
+    answers: list[dict] = []
+    if cfg.serve and cfg.n_prompts > 0:
+        prompts = [json.loads(line) for line in HELDOUT_PROMPTS.read_text().splitlines()[: cfg.n_prompts]]
+        t1 = time.time()
+        with server_for_verifier(vcfg, model_path, ctx.dir / "vllm.log") as server:
+            figures["server_start_seconds"] = round(time.time() - t1, 1)
+            endpoint = server.endpoint()
+            figures.update({f"server_{k}": v for k, v in endpoint.info().items() if k != "base_url"})
+            answers = sample_answers(endpoint, prompts, cfg)
+        (ctx.dir / "answers.jsonl").write_text("".join(json.dumps(a) + "\n" for a in answers))
+        greedy = [a for a in answers if a["mode"] == "greedy"]
+        figures["answers"] = len(answers)
+        figures["greedy_stop_fraction"] = sum(a["finish_reason"] == "stop" for a in greedy) / max(1, len(greedy))
+        figures["greedy_with_reasoning_fraction"] = sum(bool(a["reasoning"]) for a in greedy) / max(1, len(greedy))
+    timer.finish(figures, {"answers": "answers.jsonl" if answers else None, "model_path": model_path})
+    return {"figures": figures, "answers": answers, "model_path": model_path}

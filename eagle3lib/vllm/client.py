@@ -1,0 +1,136 @@
+"""The generate stage's HTTP client: one chat completion per prompt, with timeouts and retries fit for an overnight run.
+
+Why httpx.AsyncClient (not the openai library): it is already a dependency, its timeouts are explicit per phase (a short
+connect timeout, a read timeout of hours: reasoning models think for minutes, and a client library's 60 s or 600 s
+default broke a real run), retries are ours alone (the openai client adds its own retries and timeouts on top), and the
+raw JSON body is read as is, so both `reasoning` and `reasoning_content` are seen (`chat_api.parse_chat_response`).
+Requests are not streamed: one JSON body per response costs the client almost nothing per token, and usage comes back
+in the body. The connection pool is sized to the concurrency (httpx's default of 100 would silently cap it).
+
+Error policy, per request:
+- HTTP 200: parsed (a body that cannot be parsed is a failure of that prompt).
+- HTTP 4xx other than 408/429 (e.g. prompt longer than max_model_len): failed at once, with the server's message.
+- HTTP 5xx/408/429, read/write timeouts, connections dropped mid-request: retried with exponential backoff and full
+  jitter, up to `max_attempts` tries, then failed with the last error.
+- Connection refused / connect timeout (server down or restarting): retried with backoff for up to `server_down_wait_s`
+  without using up attempts, then `ServerUnreachable` stops the whole run (resumable) instead of marking every
+  remaining prompt failed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from eagle3lib.vllm.chat_api import ChatResult, parse_chat_response
+from eagle3lib.vllm.server import Endpoint, ServerError
+
+RETRY_STATUS = {408, 429}  # plus every 5xx
+ERROR_CHARS = 2000  # server messages kept in a record
+
+
+class ServerUnreachable(ServerError):
+    """The server refused connections for longer than server_down_wait_s: the run stops (and resumes later)."""
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    max_attempts: int = 5
+    backoff_base_s: float = 1.0
+    backoff_max_s: float = 30.0
+    server_down_wait_s: float = 600.0
+
+    def delay(self, retry: int) -> float:
+        """Full jitter: uniform in [0, min(cap, base * 2^retry)] (spreads a herd of retries after a server restart)."""
+        return random.uniform(0.0, min(self.backoff_max_s, self.backoff_base_s * 2**retry))
+
+
+@dataclass
+class Reply:
+    result: ChatResult | None  # None when no response came back
+    error: str | None  # why, when result is None
+    attempts: int  # HTTP requests sent for this prompt
+    reasoning_tokens: int | None = None  # usage.completion_tokens_details.reasoning_tokens, when the server counts them
+
+
+def _reasoning_tokens(body: dict[str, Any]) -> int | None:
+    details = (body.get("usage") or {}).get("completion_tokens_details") or {}
+    n = details.get("reasoning_tokens") if isinstance(details, dict) else None
+    return int(n) if isinstance(n, int | float) else None
+
+
+def make_http_client(endpoint: Endpoint, concurrency: int, request_timeout_s: float, connect_timeout_s: float) -> httpx.AsyncClient:
+    return httpx.AsyncClient(
+        base_url=endpoint.base_url,
+        headers=endpoint.headers(),  # the API key lives in this in-memory client only
+        timeout=httpx.Timeout(connect=connect_timeout_s, read=request_timeout_s, write=request_timeout_s, pool=None),
+        # keep-alive shorter than uvicorn's 5 s, so a pooled connection is not reused just as the server closes it
+        limits=httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency, keepalive_expiry=3.0),
+    )
+
+
+def server_message(r: httpx.Response) -> str:
+    """vLLM's error text: {"error": {"message": ...}} (OpenAI style) or {"message": ...} (older)."""
+    try:
+        body = r.json()
+        err = body.get("error") if isinstance(body, dict) else None
+        msg = (err.get("message") if isinstance(err, dict) else err) or body.get("message") or r.text
+    except (ValueError, AttributeError):
+        msg = r.text
+    return f"HTTP {r.status_code}: {str(msg).strip()}"[:ERROR_CHARS]
+
+
+def _describe(e: Exception) -> str:
+    return f"{type(e).__name__}: {e}".strip().rstrip(":")[:ERROR_CHARS]
+
+
+async def chat_with_retries(http: httpx.AsyncClient, payload: dict[str, Any], policy: RetryPolicy,
+                            on_retry=None) -> Reply:
+    """POST one chat completion, retrying per the module's policy. `on_retry(reason)` is called before each retry."""
+    attempts = 0  # every request sent
+    counted = 0  # the ones that use up max_attempts (not the refused connections of a server that is down)
+    retry = 0
+    down_since: float | None = None
+    while True:
+        attempts += 1
+        error: str
+        try:
+            r = await http.post("/v1/chat/completions", json=payload)
+        except (httpx.ConnectError, httpx.ConnectTimeout) as e:
+            now = time.monotonic()
+            down_since = down_since if down_since is not None else now
+            if now - down_since >= policy.server_down_wait_s:
+                raise ServerUnreachable(
+                    f"verifier server {http.base_url} unreachable for {now - down_since:.0f} s "
+                    f"(generate.server_down_wait_s={policy.server_down_wait_s:g}): {_describe(e)}") from e
+            if on_retry:
+                on_retry("connect")
+            await asyncio.sleep(policy.delay(retry))
+            retry += 1
+            continue
+        except (httpx.TimeoutException, httpx.NetworkError, httpx.RemoteProtocolError) as e:
+            error = _describe(e)  # read timeout, or the connection dropped mid-request (server died, restarted)
+        else:
+            down_since = None
+            if r.status_code == 200:
+                try:
+                    body = r.json()
+                    return Reply(parse_chat_response(body), None, attempts, _reasoning_tokens(body))
+                except (ValueError, KeyError, IndexError, TypeError, AttributeError) as e:
+                    return Reply(None, f"unreadable response body ({_describe(e)}): {r.text[:500]}", attempts)
+            error = server_message(r)
+            if r.status_code < 500 and r.status_code not in RETRY_STATUS:
+                return Reply(None, error, attempts)  # the request itself is wrong: retrying gives the same answer
+        down_since = None
+        counted += 1
+        if counted >= policy.max_attempts:
+            return Reply(None, f"{error} (after {attempts} attempts)", attempts)
+        if on_retry:
+            on_retry("error")
+        await asyncio.sleep(policy.delay(retry))
+        retry += 1

@@ -1,0 +1,171 @@
+"""Hidden states with vLLM: the `extract_hidden_states` speculative method plus a hidden-states KV connector.
+
+The server is started with `eagle_aux_hidden_state_layer_ids` = the feature layers plus L (vLLM's id L is the output
+of the last decoder layer before the final norm), and `eagle3lib.vllm.connector.EagleHiddenStatesConnector`, which
+writes one safetensors file per request (`hidden_states` [T, n, H], `token_ids` [T]) into a scratch folder and returns
+its path in `kv_transfer_params.hidden_states_path`. Each sample is one prefill-only request (token ids as the prompt,
+max_tokens=1); `concurrency` requests are in flight so vLLM batches the prefills. The client waits on the file's
+companion lock, reads it, checks the token ids, and deletes it. Tensor parallelism is vLLM's
+(verifier.tensor_parallel_size); only TP rank 0 writes.
+
+vLLM emits the requested layers in layer order, so unsorted `aux_layer_ids` are permuted back to the order given.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shutil
+import time
+from collections import deque
+from collections.abc import Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+import torch
+
+from eagle3lib.data.chat_tokens import Tokenized
+from eagle3lib.vllm.server import ServerError, server_for_verifier
+
+CONNECTOR = "EagleHiddenStatesConnector"
+CONNECTOR_MODULE = "eagle3lib.vllm.connector"
+
+
+def speculative_config(layer_ids: list[int]) -> dict[str, Any]:
+    return {"method": "extract_hidden_states", "num_speculative_tokens": 1,
+            "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": list(layer_ids)}}}
+
+
+def kv_transfer_config(storage: str | Path) -> dict[str, Any]:
+    return {"kv_connector": CONNECTOR, "kv_connector_module_path": CONNECTOR_MODULE, "kv_role": "kv_producer",
+            "kv_connector_extra_config": {"shared_storage_path": str(storage)}}
+
+
+def read_hidden_file(path: str, timeout_s: float = 600.0) -> dict[str, torch.Tensor]:
+    """Wait for the connector to finish the file (shared lock on `<path>.lock`, or the file appearing), read it, delete it."""
+    from safetensors.torch import load_file
+
+    lock = path + ".lock"
+    deadline = time.time() + timeout_s
+    if os.path.exists(lock):
+        with open(lock) as lf:
+            fcntl.flock(lf, fcntl.LOCK_SH)  # sleeps until the writer releases LOCK_EX
+    while not os.path.exists(path):
+        if time.time() > deadline:
+            raise ServerError(f"vLLM did not write the hidden states file {path} within {timeout_s:.0f} s")
+        time.sleep(0.01)
+    try:
+        return load_file(path, device="cpu")
+    finally:
+        for p in (path, lock):
+            try:
+                os.remove(p)
+            except FileNotFoundError:
+                pass
+
+
+class VLLMExtractor:
+    """Starts a local vLLM extraction server; `extract(samples)` yields (sample, aux [T, n_aux, H], final [T, H])."""
+
+    def __init__(self, model_path: str, verifier_cfg: Any, aux_ids: list[int], num_layers: int, work_dir: str | Path,
+                 max_seq_len: int, concurrency: int = 32, request_timeout_s: float = 3600.0,
+                 extra_args: list[str] | None = None, max_position_embeddings: int | None = None):
+        if verifier_cfg.server_url:
+            raise ValueError("extract.backend=vllm starts its own server (the hidden states are written to its local disk); "
+                             "unset verifier.server_url or use extract.backend=hf")
+        self.work_dir = Path(work_dir)
+        self.storage = self.work_dir / "vllm-hidden-scratch"
+        shutil.rmtree(self.storage, ignore_errors=True)  # leftovers of a killed run
+        self.storage.mkdir(parents=True)
+        self.aux_ids = list(aux_ids)
+        self.layer_ids = sorted(set(aux_ids)) + [num_layers]  # vLLM returns them in layer order
+        self.aux_pos = [self.layer_ids.index(k) for k in aux_ids]
+        self.concurrency = concurrency
+        self.request_timeout_s = request_timeout_s
+        max_model_len = max(verifier_cfg.max_model_len, max_seq_len + 1)  # +1: the one token each request generates
+        env: dict[str, str] = {}
+        if max_position_embeddings and max_model_len > max_position_embeddings:
+            # a prompt of max_seq_len tokens plus the single sampled token, which is never fed back: positions stay in range
+            env["VLLM_ALLOW_LONG_MAX_MODEL_LEN"] = "1"
+        self.server = server_for_verifier(
+            verifier_cfg, model_path, self.work_dir / "vllm.log",
+            speculative_config=speculative_config(self.layer_ids), max_model_len=max_model_len, reasoning_parser=None,
+            extra_args=[*verifier_cfg.extra_server_args, "--kv-transfer-config", json.dumps(kv_transfer_config(self.storage)),
+                        *(extra_args or [])],
+            extra_env=env,
+        )
+        self.client: httpx.Client | None = None
+        self.model_name = ""
+        self.start_s = 0.0
+
+    def start(self) -> VLLMExtractor:
+        t0 = time.time()
+        self.server.start()
+        self.start_s = time.time() - t0
+        self.model_name = self.server.endpoint().model
+        self.client = httpx.Client(base_url=self.server.base_url,
+                                   timeout=httpx.Timeout(self.request_timeout_s, connect=10.0),
+                                   limits=httpx.Limits(max_connections=self.concurrency + 4))
+        return self
+
+    def close(self) -> None:
+        if self.client is not None:
+            self.client.close()
+            self.client = None
+        self.server.stop()
+        shutil.rmtree(self.storage, ignore_errors=True)
+
+    def __enter__(self) -> VLLMExtractor:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def one(self, sample: Tokenized) -> tuple[torch.Tensor, torch.Tensor]:
+        assert self.client is not None, "start() the extractor first"
+        ids = [int(x) for x in sample.input_ids]
+        body = {"model": self.model_name, "prompt": ids, "max_tokens": 1, "temperature": 0.0}
+        for attempt in range(3):
+            try:
+                r = self.client.post("/v1/completions", json=body)
+                break
+            except httpx.TransportError as e:
+                if attempt == 2 or self.server.proc is not None and self.server.proc.poll() is not None:
+                    raise ServerError(f"sample {sample.id!r}: vLLM request failed: {type(e).__name__}: {e}") from e
+                time.sleep(2.0 * (attempt + 1))
+        if r.status_code != 200:
+            raise ServerError(f"sample {sample.id!r} ({len(ids)} tokens): vLLM answered HTTP {r.status_code}: {r.text[:500]}")
+        params = r.json().get("kv_transfer_params") or {}
+        path = params.get("hidden_states_path")
+        if not path:
+            raise ServerError(f"sample {sample.id!r}: vLLM returned no kv_transfer_params.hidden_states_path "
+                              "(is the extract_hidden_states speculative method active?)")
+        data = read_hidden_file(path, self.request_timeout_s)
+        hs, tok = data["hidden_states"], data["token_ids"]
+        if tok.shape[0] != len(ids) or not torch.equal(tok.long(), torch.as_tensor(ids, dtype=torch.long)):
+            raise ServerError(f"sample {sample.id!r}: the hidden states vLLM wrote are for other tokens "
+                              f"({tok.shape[0]} tokens, expected {len(ids)})")
+        if hs.shape[:2] != (len(ids), len(self.layer_ids)):
+            raise ServerError(f"sample {sample.id!r}: hidden states of shape {tuple(hs.shape)}, expected "
+                              f"[{len(ids)}, {len(self.layer_ids)}, H]")
+        return hs[:, self.aux_pos].contiguous(), hs[:, -1].contiguous()
+
+    def extract(self, samples: Iterable[Tokenized]) -> Iterator[tuple[Tokenized, torch.Tensor, torch.Tensor]]:
+        """`concurrency` requests in flight; results in input order."""
+        window: deque[tuple[Tokenized, Future]] = deque()
+        with ThreadPoolExecutor(self.concurrency, thread_name_prefix="extract-vllm") as pool:
+            try:
+                for s in samples:
+                    window.append((s, pool.submit(self.one, s)))
+                    if len(window) >= self.concurrency:
+                        s0, f0 = window.popleft()
+                        yield s0, *f0.result()
+                while window:
+                    s0, f0 = window.popleft()
+                    yield s0, *f0.result()
+            finally:
+                for _, f in window:
+                    f.cancel()

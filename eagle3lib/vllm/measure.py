@@ -1,0 +1,110 @@
+"""Measuring a vLLM server: the evaluate stage's prompts as completions at a fixed concurrency, per category, with the
+spec-decode counters read before and after each category (their deltas are that category's acceptance).
+
+Prompts are sent as token ids (`/v1/completions` with a list of ints), rendered once by the verifier's chat template,
+so the server sees exactly the tokens the library decodes from; `return_token_ids` brings the output ids back for a
+token-for-token comparison. Categories run one after another (the counters are global to the server), and the
+throughput of a pass is its output tokens over its wall time; the server with and the server without the drafter run
+the same passes, so both throughputs include the same drain at each category boundary.
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import tqdm
+
+from eagle3lib.vllm.server import Endpoint
+from eagle3lib.vllm.spec_metrics import SpecCounters, fetch_counters
+
+
+@dataclass
+class EvalPrompt:
+    id: str
+    category: str
+    token_ids: list[int]
+
+
+class ServingError(RuntimeError):
+    pass
+
+
+def completion_payload(model: str, prompt: EvalPrompt, max_tokens: int, temperature: float) -> dict[str, Any]:
+    return {"model": model, "prompt": prompt.token_ids, "max_tokens": max_tokens, "temperature": temperature,
+            "top_p": 1.0, "return_token_ids": True}
+
+
+def _client(endpoint: Endpoint, concurrency: int, request_timeout_s: float, connect_timeout_s: float) -> httpx.Client:
+    return httpx.Client(base_url=endpoint.base_url, headers=endpoint.headers(),
+                        timeout=httpx.Timeout(connect=connect_timeout_s, read=request_timeout_s,
+                                              write=request_timeout_s, pool=None),
+                        limits=httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency))
+
+
+def _complete(http: httpx.Client, endpoint: Endpoint, payload: dict[str, Any], pid: str) -> dict[str, Any]:
+    try:
+        r = http.post("/v1/completions", json=payload)
+    except httpx.HTTPError as e:
+        raise ServingError(f"{endpoint.base_url}: prompt {pid}: {type(e).__name__}: {e}") from e
+    if r.status_code != 200:
+        raise ServingError(f"{endpoint.base_url}/v1/completions answered HTTP {r.status_code} for prompt {pid}: "
+                           f"{r.text[:500]}")
+    body = r.json()
+    choice = body["choices"][0]
+    return {"id": pid, "token_ids": choice.get("token_ids"), "finish_reason": choice.get("finish_reason"),
+            "completion_tokens": int((body.get("usage") or {}).get("completion_tokens") or 0)}
+
+
+def warmup(endpoint: Endpoint, prompts: list[EvalPrompt], n: int, max_tokens: int, temperature: float,
+           timeout_s: float) -> None:
+    """A few untimed requests at the pass's temperature (first-request overheads, e.g. the sampler's first use, stay
+    out of the throughput)."""
+    with _client(endpoint, 1, timeout_s, timeout_s) as http:
+        for p in prompts[:n]:
+            _complete(http, endpoint, completion_payload(endpoint.model, p, max_tokens, temperature), p.id)
+
+
+def run_pass(endpoint: Endpoint, prompts: list[EvalPrompt], *, temperature: float, max_tokens: int, concurrency: int,
+             request_timeout_s: float, connect_timeout_s: float, counters: bool, label: str = "",
+             progress: bool = True) -> dict[str, Any]:
+    """Every prompt once, category by category. Returns totals, per-category counters (when `counters`) and outputs."""
+    cats = sorted({p.category for p in prompts})
+    out: dict[str, Any] = {"temperature": temperature, "seconds": 0.0, "output_tokens": 0, "requests": 0,
+                           "categories": {}, "outputs": {}}
+    total = SpecCounters()
+    headers = endpoint.headers()
+    bar = tqdm.tqdm(total=len(prompts), desc=label or "vllm", mininterval=5.0, disable=not progress)
+    with _client(endpoint, concurrency, request_timeout_s, connect_timeout_s) as http, \
+            ThreadPoolExecutor(concurrency) as pool:
+        for cat in cats:
+            sel = [p for p in prompts if p.category == cat]
+            before = fetch_counters(endpoint.base_url, headers) if counters else None
+            t0 = time.perf_counter()
+            futures = [pool.submit(_complete, http, endpoint, completion_payload(endpoint.model, p, max_tokens,
+                                                                                temperature), p.id) for p in sel]
+            replies = []
+            for f in futures:
+                replies.append(f.result())
+                bar.update(1)
+            dt = time.perf_counter() - t0
+            toks = sum(r["completion_tokens"] for r in replies)
+            row: dict[str, Any] = {"prompts": len(sel), "seconds": dt, "output_tokens": toks,
+                                   "tokens_per_s": toks / dt if dt > 0 else None}
+            if counters:
+                delta = fetch_counters(endpoint.base_url, headers) - before
+                total = total + delta
+                row.update(delta.summary())
+            out["categories"][cat] = row
+            out["seconds"] += dt
+            out["output_tokens"] += toks
+            out["requests"] += len(sel)
+            out["outputs"].update({r["id"]: r["token_ids"] for r in replies})
+    bar.close()
+    out["tokens_per_s"] = out["output_tokens"] / out["seconds"] if out["seconds"] > 0 else None
+    if counters:
+        out.update(total.summary())
+    return out

