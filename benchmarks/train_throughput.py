@@ -48,16 +48,19 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests"))
 
 from eagle3lib.data.hidden_store import HiddenSample  # noqa: E402
-from eagle3lib.data.packing import collate, pack_rows  # noqa: E402
+from eagle3lib.data.packing import (  # noqa: E402
+    MicroBatch,  # noqa: E402
+    collate,
+    pack_rows,
+)
 from eagle3lib.model.draft_vocab import build_draft_vocab, count_loss_tokens  # noqa: E402
 from eagle3lib.model.drafter import (  # noqa: E402
     DrafterConfig,
     Eagle3Drafter,
-    VerifierHead,
     init_from_verifier,
-    load_verifier_head,
 )
-from eagle3lib.model.ttt import MicroBatch, TTTModel, counted_per_step, summarize  # noqa: E402
+from eagle3lib.model.ttt import TTTModel, counted_per_step, summarize  # noqa: E402
+from eagle3lib.model.verifier import VerifierHead, load_verifier_head  # noqa: E402
 
 # ------------------------------------------------------------------------------------------------------ data
 
@@ -98,7 +101,7 @@ class Setup:
     verifier_dir: Path
     dcfg: DrafterConfig
     draft_ids: torch.Tensor
-    max_seq_len: int
+    row_len: int
     lr: float
 
 
@@ -287,18 +290,18 @@ def run_config(s: Setup, steps: int, warmup: int, peers: list[str], variants: li
     perm = torch.randperm(n, generator=g).tolist()
     val_idx, train_idx = perm[:20], perm[20:]
     lengths = s.reader.lengths
-    rows = pack_rows(train_idx, lengths, s.max_seq_len, True)
+    rows = pack_rows(train_idx, lengths, s.row_len, True)
     need = steps + warmup
     if len(rows) < need:
         rows = rows * math.ceil(need / len(rows))
     rows = rows[:need]
-    packed = [collate(s.reader, [r], s.max_seq_len) for r in rows]
+    packed = [collate(s.reader, [r], s.row_len) for r in rows]
     # unpacked: one sample per step, the samples of the same rows in order (same tokens, same order)
-    singles = [[collate(s.reader, [[i]], s.max_seq_len) for i in r] for r in rows]
-    val = [collate(s.reader, [r], s.max_seq_len) for r in pack_rows(val_idx, lengths, s.max_seq_len, True)]
+    singles = [[collate(s.reader, [[i]], s.row_len) for i in r] for r in rows]
+    val = [collate(s.reader, [r], s.row_len) for r in pack_rows(val_idx, lengths, s.row_len, True)]
     tokens_per_row = sum(b.n_tokens for b in packed[warmup:]) / steps
     print(f"\n== {s.name}: hidden {s.dcfg.hidden_size}, draft vocab {s.dcfg.draft_vocab_size}, {steps} timed steps of "
-          f"one packed row (~{tokens_per_row:.0f} tokens, max_seq_len {s.max_seq_len}); unpacked: the same samples, "
+          f"one packed row (~{tokens_per_row:.0f} tokens, row_len {s.row_len}); unpacked: the same samples, "
           f"one per step ({sum(len(x) for x in singles[warmup:])} steps)", flush=True)
     runners: list[tuple[str, object, bool]] = [(f"eagle3lib packed, attention={v}", OursRunner(s, v), True)
                                                 for v in variants]

@@ -20,7 +20,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = ap.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run", help="run stage notebooks into a run directory")
     r.add_argument("--profile", default="tiny", help="profile name in params/ or a YAML path (default: tiny)")
-    r.add_argument("--run-dir", default="runs/demo", help="where every stage writes (default: runs/demo)")
+    r.add_argument("--run-dir", default=None, help="where every stage writes (default: runs/demo in the repository)")
     r.add_argument("--stages", default=None, help="comma-separated subset, in pipeline order (default: all that exist)")
     r.add_argument("--set", action="append", dest="overrides", metavar="SECTION.KEY=VALUE", help="override a parameter")
     r.add_argument("--force", action="store_true", help="delete the selected stages' outputs and run them from scratch")
@@ -28,14 +28,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--profile", default="tiny")
     p.add_argument("--set", action="append", dest="overrides", metavar="SECTION.KEY=VALUE")
     sub.add_parser("stages", help="list stages")
-    sub.add_parser("build-verifier", help="build the tiny verifier (cached) and print its path")
+    b = sub.add_parser("build-verifier", help="build the tiny verifier (cached) and print its path")
+    b.add_argument("--ship", action="store_true", help="also copy it into the package (eagle3lib/assets/tiny-verifier)")
     args = ap.parse_args(argv)
 
     try:
         if args.cmd == "run":
             from eagle3lib.pipeline.runner import StageFailed, run_pipeline
 
-            stages = [s.strip() for s in args.stages.split(",") if s.strip()] if args.stages else None
+            stages = [s.strip() for s in args.stages.split(",") if s.strip()] if args.stages is not None else None
+            if args.run_dir is None:
+                from eagle3lib.core.paths import REPO_ROOT
+
+                args.run_dir = str(REPO_ROOT / "runs" / "demo")
+                print(f"run directory: {args.run_dir} (the default; choose one with --run-dir)", file=sys.stderr)
             try:
                 run_pipeline(args.profile, args.run_dir, stages, parse_set(args.overrides), args.force)
             except StageFailed as e:
@@ -57,9 +63,9 @@ def main(argv: list[str] | None = None) -> int:
                 mark = "" if (NOTEBOOKS_DIR / s.notebook).exists() else "  (not in this checkout yet)"
                 print(f"{s.name:16} notebooks/{s.notebook:24} [{s.section}]{mark}")
         elif args.cmd == "build-verifier":
-            from eagle3lib.tiny.build import tiny_verifier_path
+            from eagle3lib.tiny.build import ship, tiny_verifier_path
 
-            print(tiny_verifier_path())
+            print(ship() if args.ship else tiny_verifier_path())
     except (ParamsError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

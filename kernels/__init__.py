@@ -3,7 +3,7 @@
     select_backend(device, prefer="auto") -> "triton" | "torch"
     rms_norm(x, weight, eps=1e-6, *, backend=None) -> Tensor
     draft_kl_loss(h, weight, target, mask=None, *, kind="kl", reduction="sum", backend=None)
-        -> DraftLossOutput(loss, argmax)
+        -> DraftLossOutput(loss, argmax)      (torch backend: the reference with a hand-written backward)
 
 Every tile is chosen by kernels.launch from model dimensions and the GPU's shared-memory budget, never from the
 sequence length.
@@ -20,7 +20,7 @@ import torch
 
 from . import draft_loss as _draft_loss
 from . import rmsnorm as _rmsnorm
-from .draft_loss import DraftLossOutput, Kind, Reduction
+from .draft_loss import DraftLossOutput
 from .launch import DraftLossConfig, RMSNormConfig, draft_loss_config, rmsnorm_config, smem_budget
 
 __all__ = [
@@ -90,17 +90,10 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *, backen
     return _rmsnorm.rms_norm_reference(x, weight, eps)
 
 
-def draft_kl_loss(
-    h: torch.Tensor,
-    weight: torch.Tensor,
-    target: torch.Tensor,
-    mask: torch.Tensor | None = None,
-    *,
-    kind: Kind = "kl",
-    reduction: Reduction = "sum",
-    backend: str | None = None,
-) -> DraftLossOutput:
-    """Draft-vocab loss of logits h @ weight.T against softmax(target); definitions in kernels/draft_loss.py."""
+def draft_kl_loss(h: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, mask: torch.Tensor | None = None, *,
+                  backend: str | None = None, **kw) -> DraftLossOutput:
+    """Draft-vocab loss of logits h @ weight.T against softmax(target); definitions and keywords (kind, reduction) in
+    kernels/draft_loss.py. Triton: the fused kernel; torch: the reference with its hand-written backward."""
     if select_backend(h.device, backend or "auto") == "triton":
-        return _draft_loss.draft_kl_loss(h, weight, target, mask, kind=kind, reduction=reduction)
-    return _draft_loss.draft_kl_loss_reference(h, weight, target, mask, kind=kind, reduction=reduction)
+        return _draft_loss.draft_kl_loss(h, weight, target, mask, **kw)
+    return _draft_loss.draft_kl_loss_reference(h, weight, target, mask, manual_backward=True, **kw)

@@ -220,18 +220,59 @@ def draft_kl_loss_reference(
     *,
     kind: Kind = "kl",
     reduction: Reduction = "sum",
+    manual_backward: bool = False,
 ) -> DraftLossOutput:
-    """Plain torch: materialises [N, V] fp32 logits; autograd does the backward. The ground truth for the kernel."""
+    """Plain torch: materialises [N, V] fp32 logits. The ground truth for the kernel.
+
+    manual_backward=False: autograd differentiates the definition. True: `DraftKL` below, the same loss with a
+    hand-written backward (softmax(z) - p, two matmuls), ~1.5x faster on CPU; the train stage's torch path."""
+    if kind not in ("kl", "ce"):
+        raise ValueError(f"kind must be 'kl' or 'ce', got {kind!r}")
     mask = _prepare(h, weight, target, mask)
+    if manual_backward:
+        rows, argmax = DraftKL.apply(h, weight, target.detach(), mask, kind == "kl")
+        return DraftLossOutput(_reduce(rows, mask, reduction), argmax)
     logits = (h @ weight.to(h.dtype).t()).float()
     log_q = torch.log_softmax(logits, dim=-1)
     log_p = torch.log_softmax(target.detach().float(), dim=-1)
     p = log_p.exp()
     if kind == "kl":
         per_vocab = torch.where(p > 0, p * (log_p - log_q), 0.0)
-    elif kind == "ce":
-        per_vocab = torch.where(p > 0, -p * log_q, 0.0)
     else:
-        raise ValueError(f"kind must be 'kl' or 'ce', got {kind!r}")
+        per_vocab = torch.where(p > 0, -p * log_q, 0.0)
     rows = per_vocab.sum(-1) * mask
     return DraftLossOutput(_reduce(rows, mask, reduction), logits.argmax(-1))
+
+
+class DraftKL(torch.autograd.Function):
+    """rows[n] = w[n] * KL(softmax(t_n) || softmax(h_n W^T)) (or the cross-entropy when not `kl`) and argmax_n of
+    h_n W^T; gradient to h and W only.
+
+    With z = h W^T (fp32), lse = logsumexp(z), p = softmax(t):  KL = sum_v p log p - sum_v p z + lse  (sum p = 1),
+    CE = KL - sum_v p log p, and dKL/dz = dCE/dz = softmax(z) - p, so the backward is two matmuls on
+    w * (exp(z - lse) - p)."""
+
+    @staticmethod
+    def forward(ctx, h, W, t, w, kl=True):
+        z = (h @ W.t()).float()
+        lse = torch.logsumexp(z, dim=-1)
+        log_p = torch.log_softmax(t.float(), dim=-1)
+        p = log_p.exp()
+        pz = (p * z).sum(-1)
+        if kl:
+            rows = (torch.where(p > 0, p * log_p, torch.zeros_like(p)).sum(-1) - pz + lse) * w
+        else:
+            rows = (lse - pz) * w
+        argmax = z.argmax(-1)
+        ctx.save_for_backward(h, W, z, p, lse, w)
+        ctx.mark_non_differentiable(argmax)
+        return rows, argmax
+
+    @staticmethod
+    def backward(ctx, g_rows, _g_argmax):
+        h, W, z, p, lse, w = ctx.saved_tensors
+        dz = z.sub_(lse[:, None]).exp_().sub_(p).mul_((g_rows * w)[:, None])  # z is not needed after this
+        dz = dz.to(h.dtype)
+        dh = dz @ W.to(h.dtype) if ctx.needs_input_grad[0] else None
+        dW = (dz.t() @ h).to(W.dtype) if ctx.needs_input_grad[1] else None
+        return dh, dW, None, None, None

@@ -12,13 +12,8 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from eagle3lib.analysis.curves import (
-    expand_sources,
-    latest,
-    load_run,
-    parse_ssh_url,
-    summary_table,
-)
+from eagle3lib.analysis.curves import latest, load_run, summary_table
+from eagle3lib.analysis.log_sources import expand_sources, parse_ssh_url
 
 FIX = Path(__file__).parent / "fixtures" / "analysis"
 RUN_A = FIX / "run_a" / "train" / "metrics.jsonl"

@@ -27,7 +27,8 @@ from train_fixtures import cached_store, make_run_dir
 from eagle3lib.config.stages import open_stage
 from eagle3lib.core.manifest import read_manifest
 from eagle3lib.core.paths import REPO_ROOT, cache_dir
-from eagle3lib.stages.evaluate import EvaluateError, run_evaluate
+from eagle3lib.evaluation.inputs import EvaluateError
+from eagle3lib.stages.evaluate import run as run_evaluate
 
 K = 3
 TOL = 0.02  # |tau_lib - tau_vllm| and per-position rates, greedy, both fp32 (see the module docstring)
@@ -53,7 +54,7 @@ def _trained_train_dir(tiny_verifier: Path) -> Path:
             tmp = root / f".tmp-{out.name}-{os.getpid()}"
             shutil.rmtree(tmp, ignore_errors=True)
             run = make_run_dir(tmp, cached_store(tiny_verifier, 300))
-            from eagle3lib.stages.train import train
+            from eagle3lib.training.loop import train
 
             train(open_stage("train", "tiny", run, TRAIN))
             shutil.rmtree(tmp / "train" / "checkpoints", ignore_errors=True)
@@ -139,11 +140,11 @@ def test_manifest_figures_and_outputs(evaluated):
     f = m["figures"]
     methods = ["vllm_greedy", "vllm_sampled", "lib_greedy", "lib_sampled", "train_est", "val_est"]
     names = [f"tau_{x}" for x in methods] + [f"accept_rate_pos_{i}_{x}" for x in methods for i in range(1, K + 1)]
-    names += ["speedup_lib", "vllm_tokens_per_s_spec", "vllm_tokens_per_s_base", "vllm_speedup", "num_prompts", "k"]
+    names += ["speedup_lib", "vllm_tokens_per_s_spec", "vllm_tokens_per_s_base", "vllm_speedup", "num_prompts", "ttt_steps"]
     names += [f"tau_{s}_{m_}_{c}" for s in ("lib", "vllm") for m_ in ("greedy", "sampled") for c in ("chat", "code", "math")]
     missing = [n for n in names if not isinstance(f.get(n), int | float)]
     assert not missing, missing
-    assert f["k"] == K and f["num_prompts"] == 18 and f["num_prompts_chat"] == f["num_prompts_math"] == 6
+    assert f["ttt_steps"] == K and f["num_prompts"] == 18 and f["num_prompts_chat"] == f["num_prompts_math"] == 6
     for x in methods:
         assert 1.0 <= f[f"tau_{x}"] <= K + 1
         rates = [f[f"accept_rate_pos_{i}_{x}"] for i in range(1, K + 1)]
@@ -189,12 +190,12 @@ def test_drafter_for_another_verifier(train_dir, tmp_path):
 
 def test_k_beyond_training_runs_with_a_warning(train_dir, tmp_path):
     run = _run_dir(tmp_path / "run", train_dir)
-    ctx = open_stage("evaluate", "tiny", run, {"evaluate.k": K + 1, "evaluate.vllm": False, "evaluate.n_prompts": 3,
+    ctx = open_stage("evaluate", "tiny", run, {"evaluate.ttt_steps": K + 1, "evaluate.vllm": False, "evaluate.n_prompts": 3,
                                                "evaluate.max_tokens": 24, "evaluate.progress": False})
     with pytest.warns(UserWarning, match="trained for"):
         r = run_evaluate(ctx)
     f = r["figures"]
-    assert f["k"] == K + 1 and 1 <= f["tau_lib_greedy"] <= K + 2
+    assert f["ttt_steps"] == K + 1 and 1 <= f["tau_lib_greedy"] <= K + 2
     assert f[f"accept_rate_pos_{K + 1}_val_est"] is None  # no estimate for an untrained position
     assert f[f"accept_rate_pos_{K + 1}_lib_greedy"] is not None
     assert any(f"K={K + 1}" in w and "trained for" in w for w in read_manifest(ctx.dir)["warnings"])

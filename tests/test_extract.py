@@ -17,7 +17,7 @@ from eagle3lib.core.manifest import read_manifest
 from eagle3lib.data.chat_tokens import ChatTokenizer, TokenizeStats
 from eagle3lib.data.hidden_store import HiddenStateReader
 from eagle3lib.model.hf_extract import HFExtractor
-from eagle3lib.stages.extract import ExtractError, InsufficientDiskError, run_extract_dirs
+from eagle3lib.stages.extract import ExtractError, InsufficientDiskError, extract
 from eagle3lib.tiny import corpus
 
 FIGURES = ["verifier", "aux_layer_ids", "num_layers", "hidden_size", "vocab_size", "dtype", "samples", "tokens",
@@ -39,11 +39,11 @@ def model32(tiny_verifier):
     return load_hf_model(str(tiny_verifier), dtype="float32")
 
 
-def _tokenized(tok, n, seed=11, max_seq_len=2048):
+def _tokenized(tok, n, seed=11, max_sample_tokens=2048):
     from eagle3lib.data.datasets import Conversation
 
     convs = [Conversation(f"c{i}", corpus.sample(seed, i)["messages"]) for i in range(n)]
-    return list(ChatTokenizer(tok, max_seq_len)(convs, TokenizeStats()))
+    return list(ChatTokenizer(tok, max_sample_tokens)(convs, TokenizeStats()))
 
 
 def _write_generate(run: Path, n: int, seed: int = 21) -> list[str]:
@@ -123,7 +123,7 @@ def test_padding_and_batching_do_not_change_the_states(tok, model32):
 
 
 def _cfg(**kw):
-    base = dict(source="generate", backend="hf", samples_per_shard=4, max_seq_len=2048, progress=False, disk_margin_gib=0.0)
+    base = dict(source="generate", backend="hf", samples_per_shard=4, max_sample_tokens=2048, progress=False, disk_margin_gib=0.0)
     return ExtractConfig(**{**base, **kw})
 
 
@@ -131,7 +131,7 @@ def test_stage_end_to_end_manifest_reader_and_resume(tmp_path, tok, tiny_verifie
     ok_ids = _write_generate(tmp_path, 20)
     vcfg = VerifierConfig(model="builtin:tiny")
     out = tmp_path / "extract"
-    res = run_extract_dirs(_cfg(), vcfg, out, tmp_path / "generate")
+    res = extract(_cfg(), vcfg, out, tmp_path / "generate")
     m = read_manifest(out)
     assert m["status"] == "complete"
     fig = m["figures"]
@@ -157,24 +157,24 @@ def test_stage_end_to_end_manifest_reader_and_resume(tmp_path, tok, tiny_verifie
     (out / "shards" / last["shard"]).unlink()
     idx = (out / "index.jsonl").read_text().splitlines()
     (out / "index.jsonl").write_text("\n".join(idx[:-1]) + "\n")
-    fig2 = run_extract_dirs(_cfg(), vcfg, out, tmp_path / "generate")["figures"]
+    fig2 = extract(_cfg(), vcfg, out, tmp_path / "generate")["figures"]
     assert fig2["samples_this_run"] == len(last["ids"]) and fig2["resumed_samples"] == len(ok_ids) - len(last["ids"])
     r2 = HiddenStateReader(out)
     assert sorted(r2.ids) == sorted(ok_ids) and len(set(r2.ids)) == len(r2.ids)
     assert torch.equal(r2[r2.ids.index(last["ids"][0])].final_hidden, r[r.ids.index(last["ids"][0])].final_hidden)
-    fig3 = run_extract_dirs(_cfg(), vcfg, out, tmp_path / "generate")["figures"]
+    fig3 = extract(_cfg(), vcfg, out, tmp_path / "generate")["figures"]
     assert fig3["samples_this_run"] == 0 and fig3["samples"] == len(ok_ids)
     assert fig3["tokens_per_s"] == fig2["tokens_per_s"] > 0  # a no-op re-run keeps the measured throughput
     assert fig["num_gpus"] == 1 and fig["setup_s"] >= 0 and fig["wall_s"] >= fig["setup_s"]
     # a different storage dtype in the same folder is refused, naming the mismatch
     with pytest.raises(ValueError, match="dtype"):
-        run_extract_dirs(_cfg(dtype="float8_e4m3fn"), vcfg, out, tmp_path / "generate")
+        extract(_cfg(dtype="float8_e4m3fn"), vcfg, out, tmp_path / "generate")
 
 
 def test_truncation_and_fp8_in_the_stage(tmp_path, tiny_verifier):
     _write_generate(tmp_path, 8)
     out = tmp_path / "extract"
-    fig = run_extract_dirs(_cfg(max_seq_len=40, dtype="float8_e4m3fn"), VerifierConfig(model="builtin:tiny"), out,
+    fig = extract(_cfg(max_sample_tokens=40, dtype="float8_e4m3fn"), VerifierConfig(model="builtin:tiny"), out,
                            tmp_path / "generate")["figures"]
     r = HiddenStateReader(out)
     assert fig["truncated"] + fig["dropped_too_long"] > 0 and max(r.lengths) <= 40
@@ -185,7 +185,7 @@ def test_truncation_and_fp8_in_the_stage(tmp_path, tiny_verifier):
 def test_disk_check_refuses_with_the_numbers(tmp_path, tiny_verifier, capsys):
     _write_generate(tmp_path, 6)
     with pytest.raises(InsufficientDiskError, match=r"not enough disk .* GiB free"):
-        run_extract_dirs(_cfg(disk_margin_gib=1e9), VerifierConfig(model="builtin:tiny"), tmp_path / "x", tmp_path / "generate")
+        extract(_cfg(disk_margin_gib=1e9), VerifierConfig(model="builtin:tiny"), tmp_path / "x", tmp_path / "generate")
     assert "disk estimate:" in capsys.readouterr().err
     assert not list((tmp_path / "x" / "shards").glob("*.safetensors"))
 
@@ -193,26 +193,26 @@ def test_disk_check_refuses_with_the_numbers(tmp_path, tiny_verifier, capsys):
 def test_bad_inputs_are_clear_errors(tmp_path, tiny_verifier):
     v = VerifierConfig(model="builtin:tiny")
     with pytest.raises(ExtractError, match=r"aux_layer_ids: \[9\] out of range .* 8 layers"):
-        run_extract_dirs(_cfg(), VerifierConfig(model="builtin:tiny", aux_layer_ids=[2, 4, 9]), tmp_path / "a", tmp_path)
+        extract(_cfg(), VerifierConfig(model="builtin:tiny", aux_layer_ids=[2, 4, 9]), tmp_path / "a", tmp_path)
     with pytest.raises(ExtractError, match="verifier.model: cannot load"):
-        run_extract_dirs(_cfg(), VerifierConfig(model=str(tmp_path / "no-such-model")), tmp_path / "b", tmp_path)
+        extract(_cfg(), VerifierConfig(model=str(tmp_path / "no-such-model")), tmp_path / "b", tmp_path)
     with pytest.raises(ExtractError, match="no generate output"):
-        run_extract_dirs(_cfg(), v, tmp_path / "c", tmp_path / "generate")
+        extract(_cfg(), v, tmp_path / "c", tmp_path / "generate")
     empty = tmp_path / "empty.jsonl"
     empty.write_text("")
     with pytest.raises(ExtractError, match=f"no conversations in {empty}"):
-        run_extract_dirs(_cfg(source=str(empty)), v, tmp_path / "d")
+        extract(_cfg(source=str(empty)), v, tmp_path / "d")
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("".join(json.dumps({"messages": [{"role": "user", "content": f"Hi {i}"}]}) + "\n" for i in range(3)))
     with pytest.raises(ExtractError, match=f"no sample of {prompts} is usable: 3 conversations, 3 without assistant tokens"):
-        run_extract_dirs(_cfg(source=str(prompts)), v, tmp_path / "e")  # prompts only
+        extract(_cfg(source=str(prompts)), v, tmp_path / "e")  # prompts only
     bad = tmp_path / "bad.jsonl"
     good = corpus.sample(3, 0)["messages"]
     bad.write_text(json.dumps({"messages": good}) + "\n"
                    + json.dumps({"messages": [{"role": "user", "content": [{"type": "image_url"}]}, good[-1]]}) + "\n")
     with pytest.raises(ValueError, match=f"{bad}:2: sample .* does not tokenize"):
-        run_extract_dirs(_cfg(source=str(bad)), v, tmp_path / "f")
-    fig = run_extract_dirs(_cfg(source=str(bad), on_bad_record="skip"), v, tmp_path / "g")["figures"]
+        extract(_cfg(source=str(bad)), v, tmp_path / "f")
+    fig = extract(_cfg(source=str(bad), on_bad_record="skip"), v, tmp_path / "g")["figures"]
     assert fig["bad_samples"] == 1 and fig["samples"] == 1
 
 

@@ -18,7 +18,7 @@ from eagle3lib.data.chat_tokens import ChatTokenizer, TokenizeStats
 from eagle3lib.data.datasets import Conversation
 from eagle3lib.data.hidden_store import HiddenStateReader
 from eagle3lib.model.hf_extract import HFExtractor
-from eagle3lib.stages.extract import run_extract_dirs
+from eagle3lib.stages.extract import extract
 from eagle3lib.tiny import corpus
 
 pytestmark = pytest.mark.slow
@@ -81,8 +81,8 @@ def test_stage_on_the_vllm_backend(tmp_path, tiny_verifier, samples, vllm_extrac
     data.write_text("".join(json.dumps({"id": f"d{i}", "messages": corpus.sample(33, i)["messages"]}) + "\n" for i in range(9)))
     vcfg = VerifierConfig(model="builtin:tiny", dtype="float32")
     cfg = dict(source=str(data), samples_per_shard=4, progress=False, disk_margin_gib=0.0)
-    fv = run_extract_dirs(ExtractConfig(backend="vllm", **cfg), vcfg, tmp_path / "v", extractor=vllm_extractor)["figures"]
-    fh = run_extract_dirs(ExtractConfig(backend="hf", **cfg), vcfg, tmp_path / "h")["figures"]
+    fv = extract(ExtractConfig(backend="vllm", **cfg), vcfg, tmp_path / "v", extractor=vllm_extractor)["figures"]
+    fh = extract(ExtractConfig(backend="hf", **cfg), vcfg, tmp_path / "h")["figures"]
     assert fv["backend"] == "vllm" and fv["samples"] == fh["samples"] == 9 and fv["tokens"] == fh["tokens"]
     assert fv["loss_tokens"] == fh["loss_tokens"] and fv["bytes"] == fh["bytes"] and fv["shards"] == 3
     rv, rh = HiddenStateReader(tmp_path / "v"), HiddenStateReader(tmp_path / "h")

@@ -25,9 +25,10 @@ from eagle3lib.config.generate import GenerateConfig
 from eagle3lib.config.verifier import VerifierConfig
 from eagle3lib.core.manifest import read_manifest
 from eagle3lib.data.datasets import DatasetError, load_conversations
-from eagle3lib.data.shards import ShardsLocked, ShardWriter, iter_records, list_shards
-from eagle3lib.stages.generate import GenerateError, generate, iter_generated, load_prompts
-from eagle3lib.vllm.server import ServerError, VLLMServer, free_port
+from eagle3lib.data.records import ShardsLocked, ShardWriter, iter_generated, iter_records, list_shards
+from eagle3lib.stages.generate import GenerateError, generate, load_prompts
+from eagle3lib.vllm.endpoint import ServerError
+from eagle3lib.vllm.server import VLLMServer, free_port
 
 pytestmark = pytest.mark.slow
 FIXTURES = Path(__file__).parent / "fixtures" / "generate"
@@ -39,9 +40,9 @@ import json, sys
 from pathlib import Path
 from eagle3lib.config.profile import load_profile
 from eagle3lib.config.stages import StageContext, get_stage
-from eagle3lib.stages.generate import run_generate
+from eagle3lib.stages.generate import run
 prof = load_profile(sys.argv[1], sections=["generate"])
-run_generate(StageContext(get_stage("generate"), prof, Path(sys.argv[2])))
+run(StageContext(get_stage("generate"), prof, Path(sys.argv[2])))
 """
 
 

@@ -68,3 +68,11 @@ def test_parse_set_rejects_missing_equals():
 def test_unknown_profile_lists_profiles():
     with pytest.raises(ParamsError, match="profiles: .*tiny"):
         load_profile("tiniest")
+
+
+@pytest.mark.parametrize(("old", "new"), [("extract.max_seq_len", "extract.max_sample_tokens"),
+                                          ("train.max_seq_len", "train.packed_row_tokens"),
+                                          ("evaluate.k", "evaluate.ttt_steps")])
+def test_renamed_keys_name_the_new_key(old, new):
+    with pytest.raises(ParamsError, match=rf"^--set: '{old}' is now called '{new}'$"):
+        load_profile("tiny", parse_set([f"{old}=3"]))

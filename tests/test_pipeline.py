@@ -66,7 +66,7 @@ def test_tiny_pipeline_end_to_end(tiny_verifier, tmp_path):
     assert (run / "train" / t["outputs"]["checkpoint"] / "config.json").exists()
 
     e = manifest(run, "evaluate")["figures"]
-    assert e["k"] == k and e["num_prompts"] == 6 and e["num_prompts_lib"] == 3
+    assert e["ttt_steps"] == k and e["num_prompts"] == 6 and e["num_prompts_lib"] == 3
     for key in ("tau_vllm_greedy", "tau_lib_greedy", "tau_train_est"):
         assert 1.0 <= e[key] <= k + 1, (key, e[key])
     assert e["vllm_tokens_per_s_spec"] > 0 and e["vllm_tokens_per_s_base"] > 0

@@ -11,7 +11,7 @@ import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from eagle3lib.data.datasets import load_conversations
-from eagle3lib.model.drafter import DrafterConfig, DrafterKVCache, Eagle3Drafter, init_from_verifier, load_verifier_head
+from eagle3lib.model.drafter import DrafterConfig, DrafterKVCache, Eagle3Drafter, init_from_verifier
 from eagle3lib.model.speculative import (
     DraftInput,
     EagleDrafter,
@@ -23,7 +23,7 @@ from eagle3lib.model.speculative import (
     plain_decode,
     speculative_decode,
 )
-from eagle3lib.model.verifier import load_hf_model, load_tokenizer
+from eagle3lib.model.verifier import load_hf_model, load_tokenizer, load_verifier_head
 
 AUX = [2, 4, 5]
 EOS = [2, 0]

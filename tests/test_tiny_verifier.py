@@ -13,8 +13,9 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from eagle3lib.data.datasets import load_conversations
 from eagle3lib.tiny import corpus
-from eagle3lib.tiny.build import TinyRecipe, recipe_key
-from eagle3lib.vllm.chat_api import chat_once
+from eagle3lib.tiny.build import SHIPPED, shipped_key
+from eagle3lib.tiny.recipe import FIRST_LOSSES, TinyRecipe, build_tiny_verifier, recipe_key
+from eagle3lib.vllm.client import chat_once
 
 
 def max_ngram_repeats(ids: list[int], n: int = 6) -> int:
@@ -32,6 +33,29 @@ def test_corpus_is_deterministic_and_varied():
 def test_recipe_key_is_stable_and_sensitive():
     assert recipe_key(TinyRecipe()) == recipe_key(TinyRecipe())
     assert recipe_key(TinyRecipe()) != recipe_key(TinyRecipe(steps=1))
+
+
+def test_recipe_key_ignores_comments_and_docstrings(tmp_path):
+    from eagle3lib.tiny.recipe import _code_fingerprint
+
+    a, b, c = tmp_path / "a.py", tmp_path / "b.py", tmp_path / "c.py"
+    a.write_text('def f(x):\n    """Doc."""\n    return x + 1\n')
+    b.write_text("def f(x):  # a comment\n    return x + 1\n")
+    c.write_text("def f(x):\n    return x + 2\n")
+    assert _code_fingerprint(a) == _code_fingerprint(b) != _code_fingerprint(c)
+
+
+def test_shipped_verifier_is_this_recipe(tmp_path):
+    """The package ships the built weights so a first run does not train for minutes; a rebuild from the recipe must
+    give the same tokenizer byte for byte and the same first training losses (the weights follow deterministically)."""
+    key = recipe_key(TinyRecipe())
+    assert shipped_key() == key, ("the recipe changed since the shipped verifier was built; rebuild and ship it: "
+                                  "python -m eagle3lib build-verifier --ship")
+    rebuilt = build_tiny_verifier(TinyRecipe(), tmp_path, progress=False, max_steps=FIRST_LOSSES)
+    shipped = json.loads((SHIPPED / "build_report.json").read_text())
+    assert rebuilt["first_losses"] == pytest.approx(shipped["first_losses"], rel=1e-5, abs=1e-6)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        assert (tmp_path / name).read_bytes() == (SHIPPED / name).read_bytes(), name
 
 
 def test_architecture_and_build_report(tiny_verifier):

@@ -8,18 +8,18 @@ import math
 import pytest
 import torch
 
+from eagle3lib.data.packing import MicroBatch
 from eagle3lib.model.drafter import DrafterConfig, DrafterKVCache, Eagle3Drafter
 from eagle3lib.model.ttt import (
-    MicroBatch,
     TTTModel,
     counted_per_step,
     counted_positions,
     run_ttt,
     step_token_ids,
     summarize,
-    ttt_mask,
     used_rows,
 )
+from eagle3lib.model.ttt_attention import ttt_mask
 
 H, V, VD = 32, 50, 20
 
@@ -271,31 +271,31 @@ def test_kv_cache_truncate_and_draft_to_target():
     assert d.draft_to_target(torch.tensor([0, 3])).tolist() == [0, 6]
 
 
-def test_torch_loss_path_matches_the_kernels_reference():
-    """ttt.DraftKL (the CPU path) = kernels.draft_kl_loss_reference: value, argmax, gradients."""
+@pytest.mark.parametrize("kind", ["kl", "ce"])
+def test_torch_loss_path_matches_the_kernels_reference(kind):
+    """The train stage's CPU loss (the reference with its hand-written backward) = the autograd reference: value,
+    argmax, gradients."""
     from eagle3lib.kernels.draft_loss import draft_kl_loss_reference
-
-    from eagle3lib.model.ttt import DraftKL
 
     torch.manual_seed(0)
     h = torch.randn(37, H, requires_grad=True)
     W = torch.randn(VD, H, requires_grad=True)
     t = torch.randn(37, VD) * 3
     w = (torch.rand(37) > 0.3).float()
-    rows, am = DraftKL.apply(h, W, t, w)
-    (rows.sum() * 1.7).backward()
+    fast = draft_kl_loss_reference(h, W, t, w, kind=kind, reduction="sum", manual_backward=True)
+    (fast.loss * 1.7).backward()
     gh, gW = h.grad.clone(), W.grad.clone()
     h.grad = W.grad = None
-    ref = draft_kl_loss_reference(h, W, t, w, kind="kl", reduction="sum")
+    ref = draft_kl_loss_reference(h, W, t, w, kind=kind, reduction="sum")
     (ref.loss * 1.7).backward()
-    torch.testing.assert_close(rows.sum(), ref.loss, rtol=1e-5, atol=1e-5)
-    assert torch.equal(am, ref.argmax)
+    torch.testing.assert_close(fast.loss, ref.loss, rtol=1e-5, atol=1e-5)
+    assert torch.equal(fast.argmax, ref.argmax)
     torch.testing.assert_close(gh, h.grad, rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(gW, W.grad, rtol=1e-4, atol=1e-5)
 
 
 def test_doc_layout_falls_back_to_dense_when_cheaper():
-    from eagle3lib.model.ttt import DocAttention, TTTAttention, make_attention
+    from eagle3lib.model.ttt_attention import DocAttention, TTTAttention, make_attention
 
     many_short = torch.tensor([[0] * 4 + [1] * 4 + [2] * 4 + [3] * 4])
     one_long = torch.tensor([[0] * 13 + [1] + [2] + [3]])
@@ -328,7 +328,7 @@ def test_packing_plan_is_balanced_and_deterministic():
     per_rank = deal(rows[:8], lengths, 1024, world=2, micro_batch_rows=2)
     loads = [sum(row_tokens(r, lengths, 1024) for mb in p for r in mb) for p in per_rank]
     assert [len(p) for p in per_rank] == [2, 2] and abs(loads[0] - loads[1]) < 300
-    cfg = SimpleNamespace(epochs=2.5, max_seq_len=1024, packing=True, seed=3, batch_rows=4)
+    cfg = SimpleNamespace(epochs=2.5, packed_row_tokens=1024, packing=True, seed=3, batch_rows=4)
     a, b = make_plan(list(range(401)), lengths, cfg), make_plan(list(range(401)), lengths, cfg)
     assert a.steps == b.steps and len(a.steps) == 3 and len(a.steps[2]) < len(a.steps[0])
     assert a.steps[0] != a.steps[1]  # a new order every epoch
@@ -345,7 +345,7 @@ def test_plan_does_not_depend_on_the_store_order():
     g = torch.Generator().manual_seed(1)
     ids = [f"p{i:04d}" for i in range(300)]
     lengths = torch.randint(20, 300, (300,), generator=g).tolist()
-    cfg = SimpleNamespace(epochs=2, max_seq_len=1024, packing=True, seed=0, batch_rows=2)
+    cfg = SimpleNamespace(epochs=2, packed_row_tokens=1024, packing=True, seed=0, batch_rows=2)
 
     def steps_by_id(order: list[int]) -> list:
         sid, ln = [ids[i] for i in order], [lengths[i] for i in order]

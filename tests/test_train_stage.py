@@ -19,8 +19,11 @@ from train_fixtures import cached_store, make_run_dir
 
 from eagle3lib.config.stages import open_stage
 from eagle3lib.model.checkpoint import CheckpointError, load_drafter
-from eagle3lib.stages.train import TrainingDiverged, TrainingError, launch, launch_command, launch_env, train
+from eagle3lib.stages.train import launch_command, launch_env
+from eagle3lib.stages.train import run as launch
+from eagle3lib.training.loop import train
 from eagle3lib.training.metrics import read_metrics
+from eagle3lib.training.setup import TrainingDiverged, TrainingError
 
 N_SAMPLES = 300
 # 3 epochs of ~285 samples in 1K-token rows, 2 rows per step: ~33 steps, about a minute here
@@ -175,6 +178,31 @@ def test_sigterm_then_resume_equals_uninterrupted(trained, store, tmp_path):
         torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.slow
+def test_killed_mid_logging_window_then_resumed_writes_the_same_records(store, tmp_path):
+    """log_every 4 and a checkpoint every 6 steps: the step-6 checkpoint falls inside the window of steps 5-8, so the
+    resumed run's step-8 record is right only if the checkpoint kept steps 5 and 6 of that window."""
+    over = {**RUN, "train.max_steps": 14, "train.log_every": 4, "train.ckpt_every": 6}
+    ref = open_stage("train", "tiny", make_run_dir(tmp_path / "ref", store), over)
+    train(ref)
+    run = make_run_dir(tmp_path / "run", store)
+
+    class Killed(Exception):
+        pass
+
+    def kill_after_step_8(rec):  # the step-8 record is on disk; the newest checkpoint is step 6
+        if rec["kind"] == "train" and rec["step"] == 8:
+            raise Killed
+
+    with pytest.raises(Killed):
+        train(open_stage("train", "tiny", run, over), on_record=kill_after_step_8)
+    m = train(open_stage("train", "tiny", run, over))
+    assert m["figures"]["resumed_from_step"] == 6
+    a, b = _records(ref.dir / "metrics.jsonl"), _records(run / "train" / "metrics.jsonl")
+    assert [k for k in a if k[0] == "train"] == [("train", s) for s in (4, 8, 12, 14)]
+    _assert_same_curve(a, b)
+
+
 # --------------------------------------------------------------------------------------------------- bad inputs
 
 
@@ -235,7 +263,7 @@ def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
     (run / "extract").symlink_to(store, target_is_directory=True)
     ctx = open_stage("train", "tiny", run, {"train.packing": False, "train.batch_rows": 1, "train.ckpt_every": 1,
                                              "train.epochs": 1, "train.log_every": 1, "train.val_fraction": 0.0,
-                                             "train.max_seq_len": 64})
+                                             "train.packed_row_tokens": 64})
     with pytest.raises(TrainingDiverged, match=r"non-finite loss in step (\d+) .*Last good checkpoint: .*step_\d+") as e:
         train(ctx)
     import re
@@ -253,7 +281,7 @@ def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
 
 
 def _chat(server, prompts, max_tokens=96) -> list[str]:
-    from eagle3lib.vllm.chat_api import chat_once
+    from eagle3lib.vllm.client import chat_once
 
     out = []
     for p in prompts:

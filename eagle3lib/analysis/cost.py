@@ -15,7 +15,6 @@ The model is deliberately simple and every input is on the page:
 
 from __future__ import annotations
 
-import difflib
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +25,7 @@ import polars as pl
 import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from eagle3lib.core.hints import did_you_mean
 from eagle3lib.core.manifest import read_manifest
 from eagle3lib.core.paths import REPO_ROOT
 
@@ -90,9 +90,8 @@ def load_hardware(path: str | Path) -> dict[str, HardwareRow]:
 
 def get_row(table: dict[str, HardwareRow], name: str, path: str | Path = "params/hardware.yaml") -> HardwareRow:
     if name not in table:
-        close = difflib.get_close_matches(name, list(table), n=1)
-        hint = f" (did you mean '{close[0]}'?)" if close else ""
-        raise ValueError(f"unknown hardware '{name}': not a row of {resolve_path(path)}{hint}; rows: {', '.join(table)}")
+        raise ValueError(f"unknown hardware '{name}': not a row of {resolve_path(path)}{did_you_mean(name, table)}; "
+                         f"rows: {', '.join(table)}")
     return table[name]
 
 
@@ -266,6 +265,13 @@ class CostProjection:
     hardware_file: Path
     notes: list[str] = field(default_factory=list)
 
+    def describe(self) -> str:
+        """The hero run in one line, then the notes (markdown)."""
+        s = self.spec
+        head = (f"Hero run: {s.samples:,} samples x {s.avg_tokens:,.0f} tokens ({s.avg_output_tokens:,.0f} generated), "
+                f"{s.epochs:g} epoch(s).")
+        return "\n".join([head, *(f"- note: {n}" for n in self.notes)])
+
     # ---- per (row, stage)
     def rate(self, row: HardwareRow, stage: str, factor: float | None = None) -> float:
         m = self.measured[stage]
@@ -437,27 +443,3 @@ def project(cfg, run_dir: Path, train_ttt_steps: int | None = None) -> CostProje
         notes.append("no drafter_params (or TTT steps): no training MFU")
     return CostProjection(HeroSpec.from_cfg(cfg), ref, rows, measured, factors, cfg.scale_with_gpu_count, fpt, hw_path,
                           notes)
-
-
-def run_cost_projection(ctx) -> CostProjection:
-    """The stage: project the hero run onto every hardware row, write the tables and the manifest."""
-    from eagle3lib.config.profile import ParamsError
-    from eagle3lib.core.atomic import write_text_atomic
-    from eagle3lib.core.manifest import StageTimer
-
-    cfg = ctx.cfg
-    timer = StageTimer(ctx.dir, ctx.manifest_params())
-    run_dir = resolve_path(cfg.manifests_run_dir) if cfg.manifests_run_dir else ctx.run_dir
-    train_ttt = None
-    try:
-        train_ttt = getattr(ctx.profile.section("train"), "ttt_steps", None)
-    except ParamsError:  # the train section's module is not in this checkout
-        pass
-    cp = project(cfg, run_dir, train_ttt)
-    outputs = {}
-    for name, frame in (("projection", cp.table()), ("totals", cp.totals()), ("mfu", cp.mfu()),
-                        ("breakeven", cp.breakeven()), ("inputs", cp.inputs())):
-        write_text_atomic(ctx.dir / f"{name}.csv", frame.write_csv())
-        outputs[name] = f"{name}.csv"
-    timer.finish(cp.figures(), outputs)
-    return cp

@@ -12,7 +12,7 @@ from eagle3lib.config.base import StageConfig
 class EvaluateConfig(StageConfig):
     # --- what is evaluated
     checkpoint: str | None = None  # drafter checkpoint folder; None = the train stage's final checkpoint in this run
-    k: int | None = Field(None, ge=1)  # draft tokens per round (num_speculative_tokens); None = train.ttt_steps
+    ttt_steps: int | None = Field(None, ge=1)  # draft tokens per verification round (vLLM's num_speculative_tokens); None = train.ttt_steps
     # --- prompts
     prompts: str = "builtin:tiny-heldout"  # JSONL/Parquet (OpenAI or ShareGPT); prompt = up to the last user turn; per-category results use the record's `category`
     n_prompts: int | None = Field(48, ge=1)  # prompts sampled (stratified by category, seeded); None = all
@@ -48,7 +48,7 @@ class EvaluateConfig(StageConfig):
     @model_validator(mode="after")
     def _check(self) -> EvaluateConfig:
         if not self.modes:
-            raise ValueError("modes: at least one of greedy, sampled")
+            raise ValueError("evaluate.modes: at least one of greedy, sampled")
         if not (self.library or self.vllm):
-            raise ValueError("nothing to measure: library and vllm are both false")
+            raise ValueError("evaluate.library and evaluate.vllm are both false: nothing to measure")
         return self

@@ -15,8 +15,8 @@ class ExtractConfig(StageConfig):
     max_samples: int | None = Field(None, ge=1)  # cap on conversations read (in source order); None = all
     on_bad_record: Literal["error", "skip"] = "error"  # a sample that does not load or tokenize stops the run (naming it) or is skipped and counted
     # --- tokenization
-    max_seq_len: int = Field(2048, ge=8)  # tokens per sample; the Kimi run used 2048 for extraction, 8192 for training
-    too_long: Literal["truncate", "drop"] = "truncate"  # longer samples: cut to max_seq_len (keeps the early turns) or drop; both counted
+    max_sample_tokens: int = Field(2048, ge=8)  # tokens kept per sample (the per-sample cut; train.packed_row_tokens is the row length); the Kimi run used 2048 for extraction, 8192 for training
+    too_long: Literal["truncate", "drop"] = "truncate"  # longer samples: cut to max_sample_tokens (keeps the early turns) or drop; both counted
     chat_template_kwargs: dict[str, Any] = {}  # passed to the verifier's chat template, e.g. {"enable_thinking": true}
     mask_method: Literal["auto", "generation", "prefix"] = "auto"  # auto: {% generation %} markers if the template has them, else prefix rendering
     end_of_turn: list[str] = []  # strings that end an assistant turn (prefix method); [] = the tokenizer's eos token

@@ -16,6 +16,7 @@ class GenerateConfig(StageConfig):
     shuffle: bool = True  # shuffle before the cap, so a capped run is a uniform sample of a sorted/grouped dataset
     seed: int = 0  # shuffling seed (and the per-request sampling seeds when request_seed is on)
     on_bad_record: Literal["error", "skip"] = "error"  # a malformed input record stops the run (naming file:line) or is skipped and counted
+    allow_empty: bool = False  # a dataset with no usable prompt completes with 0 samples instead of failing (which is usually a mistake)
     # --- sampling (sent with every request)
     max_tokens: int | None = Field(1024, ge=1)  # response budget incl. reasoning; cut-off responses are kept as status "truncated"; None = up to the context limit
     temperature: float = Field(0.0, ge=0.0)  # 0 = greedy; reasoning models recommend sampling (Qwen3 0.6, Kimi-K2.5 1.0)

@@ -7,14 +7,15 @@ value parsed as YAML (`--set train.steps=50`, `--set verifier.aux_layer_ids=[1,3
 
 from __future__ import annotations
 
-import difflib
 import importlib
+import re
 from pathlib import Path
 from typing import Any
 
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from eagle3lib.core.hints import did_you_mean
 from eagle3lib.core.paths import PARAMS_DIR
 
 # section -> "module:Class". Stages register here; the runner and notebooks validate through this table.
@@ -29,6 +30,12 @@ SECTIONS: dict[str, str] = {
     "cost_projection": "eagle3lib.config.analysis:CostProjectionConfig",
 }
 TOP_LEVEL_TEXT = {"description"}  # free text allowed at the top of a profile
+# Keys that were renamed: a profile or --set using the old name gets an error naming the new one.
+RENAMED = {
+    "extract.max_seq_len": "extract.max_sample_tokens",  # the per-sample cut (train's row length is another thing)
+    "train.max_seq_len": "train.packed_row_tokens",  # tokens per packed row
+    "evaluate.k": "evaluate.ttt_steps",  # one name for the draft steps everywhere (vLLM: num_speculative_tokens)
+}
 
 
 class ParamsError(ValueError):
@@ -79,19 +86,38 @@ def parse_set(items: list[str] | None) -> dict[str, Any]:
     return out
 
 
-def _suggest(word: str, options: list[str]) -> str:
-    close = difflib.get_close_matches(word, options, n=1)
-    return f" (did you mean '{close[0]}'?)" if close else ""
+def _key_lines(node: yaml.Node, path: Path, prefix: str = "", out: dict[str, int] | None = None) -> dict[str, int]:
+    """"section.key" -> line of every mapping key in the file; a key given twice in one mapping is an error (plain
+    YAML would silently keep the last one)."""
+    out = {} if out is None else out
+    if isinstance(node, yaml.MappingNode):
+        seen: dict[str, int] = {}
+        for k, v in node.value:
+            name, line = str(k.value), k.start_mark.line + 1
+            if name in seen:
+                raise ParamsError(f"{path}:{line}: duplicate key '{prefix}{name}' (also at line {seen[name]})")
+            seen[name] = line
+            out.setdefault(f"{prefix}{name}", line)
+            _key_lines(v, path, f"{prefix}{name}.", out)
+    elif isinstance(node, yaml.SequenceNode):
+        for v in node.value:
+            _key_lines(v, path, prefix, out)
+    return out
 
 
-def _load_raw(path: Path) -> dict[str, Any]:
+def _load_raw(path: Path) -> tuple[dict[str, Any], dict[str, int]]:
+    """(the profile's sections, the line of each key)."""
     try:
-        raw = yaml.safe_load(path.read_text()) or {}
+        text = path.read_text()
+        lines = _key_lines(yaml.compose(text), path) if text.strip() else {}
+        raw = yaml.safe_load(text) or {}
+    except OSError as e:
+        raise ParamsError(f"{path}: cannot read the profile ({e.strerror or e})") from None
     except yaml.YAMLError as e:
-        raise ParamsError(f"{path}: not valid YAML: {e}") from e
+        raise ParamsError(f"{path}: not valid YAML: {e}") from None
     if not isinstance(raw, dict):
         raise ParamsError(f"{path}: a profile is a mapping of sections, got {type(raw).__name__}")
-    return raw
+    return raw, lines
 
 
 def _apply_overrides(raw: dict[str, Any], overrides: dict[str, Any]) -> None:
@@ -100,32 +126,60 @@ def _apply_overrides(raw: dict[str, Any], overrides: dict[str, Any]) -> None:
             raise ParamsError(f"--set {dotted}: expected section.key (sections: {', '.join(SECTIONS)})")
         section, key = dotted.split(".", 1)
         if section not in SECTIONS:
-            raise ParamsError(f"--set {dotted}: unknown section '{section}'{_suggest(section, list(SECTIONS))}")
+            raise ParamsError(f"--set {dotted}: unknown section '{section}'{did_you_mean(section, list(SECTIONS))}")
         sec = raw.setdefault(section, {})
         if sec is None:
             sec = raw[section] = {}
         sec[key] = value
 
 
-def _validate(section: str, data: Any, source: str, override_keys: set[str]) -> BaseModel:
+_DOTTED = re.compile(r"\b([a-z_]+)\.([a-z_0-9]+)\b")
+
+
+class _Where:
+    """Names where a value came from: `--set`, or FILE:LINE of its key (the section's line when the key is absent)."""
+
+    def __init__(self, path: Path, lines: dict[str, int], override_keys: set[str]):
+        self.path, self.lines, self.override_keys = path, lines, override_keys
+
+    def __call__(self, *dotted: str) -> str:
+        if any(d in self.override_keys for d in dotted):
+            return "--set"
+        for d in dotted:
+            for name in (d, d.split(".")[0]):
+                if name in self.lines:
+                    return f"{self.path}:{self.lines[name]}"
+        return str(self.path)
+
+
+def _errors(section: str, data: Any, where: _Where) -> tuple[BaseModel | None, list[str]]:
+    """The validated section, or every problem with it, one line each naming the key."""
     cls = section_class(section)
     if data is None:
         data = {}
     if not isinstance(data, dict):
-        raise ParamsError(f"{source}: section '{section}' must be a mapping, got {type(data).__name__}")
+        return None, [f"{where(section)}: section '{section}' must be a mapping, got {type(data).__name__}"]
     try:
-        return cls.model_validate(data)
+        return cls.model_validate(data), []
     except ValidationError as e:
         msgs = []
         for err in e.errors():
-            key = ".".join(str(x) for x in err["loc"])
-            where = "--set" if f"{section}.{err['loc'][0]}" in override_keys else source
-            if err["type"] == "extra_forbidden":
-                hint = _suggest(str(err["loc"][0]), list(cls.model_fields))
-                msgs.append(f"{where}: unknown key '{section}.{key}'{hint}")
-            else:
-                msgs.append(f"{where}: '{section}.{key}': {err['msg']} (got {err.get('input')!r})")
-        raise ParamsError("\n".join(msgs)) from None
+            loc = [str(x) for x in err["loc"]]
+            msg = str(err["msg"]).removeprefix("Value error, ")
+            if not loc:  # a rule over several fields: its message names them as section.key
+                keys = [f"{s}.{k}" for s, k in _DOTTED.findall(msg) if s == section] or [section]
+                msgs.append(f"{where(*keys)}: {msg}")
+                continue
+            dotted = f"{section}.{'.'.join(loc)}"
+            top = f"{section}.{loc[0]}"
+            if err["type"] == "extra_forbidden" and dotted in RENAMED:
+                msgs.append(f"{where(top)}: '{dotted}' is now called '{RENAMED[dotted]}'")
+            elif err["type"] == "extra_forbidden":
+                msgs.append(f"{where(top)}: unknown key '{dotted}'{did_you_mean(loc[0], list(cls.model_fields))}")
+            else:  # our own validators say what they got; pydantic's range messages do not
+                got = "" if err["type"] == "value_error" else f" (got {err.get('input')!r})"
+                msgs.append(f"{where(dotted, top)}: '{dotted}': {msg}{got}")
+        return None, msgs
 
 
 class Profile:
@@ -152,17 +206,26 @@ class Profile:
 
 
 def load_profile(profile: str | Path, overrides: dict[str, Any] | None = None, sections: list[str] | None = None) -> Profile:
-    """Load and validate `sections` (default: every available one) of a profile, overrides applied."""
+    """Load and validate `sections` (default: every available one) of a profile, overrides applied. Every problem of
+    every section is reported at once, one line each, naming the key and where it was set."""
     path = resolve_profile_path(profile)
-    raw = _load_raw(path)
+    raw, lines = _load_raw(path)
     overrides = dict(overrides or {})
     _apply_overrides(raw, overrides)
+    where = _Where(path, lines, set(overrides))
     description = str(raw.pop("description", "")) if "description" in TOP_LEVEL_TEXT else ""
     for key in raw:
         if key not in SECTIONS:
-            src = "--set" if any(k.startswith(f"{key}.") for k in overrides) else str(path)
-            raise ParamsError(f"{src}: unknown section '{key}'{_suggest(key, list(SECTIONS))}")
+            src = "--set" if any(k.startswith(f"{key}.") for k in overrides) else where(key)
+            raise ParamsError(f"{src}: unknown section '{key}'{did_you_mean(key, list(SECTIONS))}")
     wanted = sections if sections is not None else available_sections()
     wanted = list(dict.fromkeys(["verifier", *wanted]))
-    validated = {name: _validate(name, raw.get(name), str(path), set(overrides)) for name in wanted}
+    validated, problems = {}, []
+    for name in wanted:
+        cfg, errs = _errors(name, raw.get(name), where)
+        problems += errs
+        if cfg is not None:
+            validated[name] = cfg
+    if problems:
+        raise ParamsError("\n".join(problems))
     return Profile(path, path.stem, description, validated, overrides)

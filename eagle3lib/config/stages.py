@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from eagle3lib.config.profile import Profile, load_profile
+from eagle3lib.core.hints import did_you_mean
 from eagle3lib.core.paths import NOTEBOOKS_DIR, REPO_ROOT
 
 
@@ -43,11 +44,7 @@ def existing_stages() -> list[Stage]:
 
 def get_stage(name: str) -> Stage:
     if name not in STAGE_BY_NAME:
-        import difflib
-
-        close = difflib.get_close_matches(name, list(STAGE_BY_NAME), n=1)
-        hint = f" (did you mean '{close[0]}'?)" if close else ""
-        raise ValueError(f"unknown stage '{name}'{hint}; stages: {', '.join(STAGE_BY_NAME)}")
+        raise ValueError(f"unknown stage '{name}'{did_you_mean(name, STAGE_BY_NAME)}; stages: {', '.join(STAGE_BY_NAME)}")
     return STAGE_BY_NAME[name]
 
 

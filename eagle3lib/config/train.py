@@ -4,54 +4,54 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import model_validator
+from pydantic import Field, field_validator, model_validator
 
 from eagle3lib.config.base import StageConfig
 
 
 class TrainConfig(StageConfig):
     # --- drafter architecture (written to the checkpoint's config.json; a resume with other values is an error)
-    num_layers: int = 1  # decoder layers in the drafter; EAGLE-3 uses 1 (vLLM loads more, layer 0 takes 2H inputs)
-    intermediate_size: int | None = None  # drafter MLP width; None = the verifier's intermediate_size
-    num_attention_heads: int | None = None  # None = the verifier's; head count of the drafter's attention
-    num_key_value_heads: int | None = None  # None = the verifier's; GQA like the verifier keeps the KV cache small
-    head_dim: int | None = None  # None = the verifier's head_dim (or hidden / heads)
-    rope_theta: float | None = None  # None = the verifier's rope theta; vLLM applies it at position t+k for step k
-    draft_vocab_size: int = 32000  # most frequent loss-masked target tokens; clipped to the verifier's vocab
+    num_layers: int = Field(1, ge=1)  # decoder layers in the drafter; EAGLE-3 uses 1 (vLLM loads more, layer 0 takes 2H inputs)
+    intermediate_size: int | None = Field(None, ge=1)  # drafter MLP width; None = the verifier's intermediate_size
+    num_attention_heads: int | None = Field(None, ge=1)  # None = the verifier's; head count of the drafter's attention
+    num_key_value_heads: int | None = Field(None, ge=1)  # None = the verifier's; GQA like the verifier keeps the KV cache small
+    head_dim: int | None = Field(None, ge=2, multiple_of=2)  # None = the verifier's head_dim (or hidden / heads)
+    rope_theta: float | None = Field(None, gt=0)  # None = the verifier's rope theta; vLLM applies it at position t+k for step k
+    draft_vocab_size: int = Field(32000, ge=2)  # most frequent loss-masked target tokens; clipped to the verifier's vocab
     norm_before_residual: bool = False  # EAGLE-3 reference: residual is the un-normed fc output (vLLM flag, written)
     norm_output: bool = False  # feed back the normed hidden state instead of the pre-norm one (vLLM flag, written)
     norm_before_fc: bool = False  # RMSNorm over the 3H features before fc (vLLM flag, written)
     fc_norm: bool = False  # one RMSNorm per auxiliary layer before fc (vLLM flag, written)
 
     # --- training-time test and loss
-    ttt_steps: int = 3  # K drafted tokens trained per position; vLLM's num_speculative_tokens for the checkpoint
-    decay: float = 0.8  # loss weight decay**k of TTT step k (EAGLE/SpecForge 0.8; speculators 1.0)
+    ttt_steps: int = Field(3, ge=1)  # K drafted tokens trained per position; vLLM's num_speculative_tokens for the checkpoint
+    decay: float = Field(0.8, gt=0, le=1)  # loss weight decay**k of TTT step k (EAGLE/SpecForge 0.8; speculators 1.0)
     out_of_vocab: Literal["mask", "keep"] = "mask"  # positions whose verifier argmax is outside the draft vocab:
     # "mask" drops them from the loss (the drafter can never propose that token); "keep" trains on the renormalised rest
 
     # --- data and batching
-    max_seq_len: int = 2048  # tokens per packed row (longer samples are truncated and counted)
+    packed_row_tokens: int = Field(2048, ge=8)  # tokens per packed row (longer samples are truncated and counted); extract.max_sample_tokens is the per-sample cut
     packing: bool = True  # pack several samples per row (block-diagonal attention); False = one sample per row
-    batch_rows: int = 8  # rows per optimizer step over all processes (the global batch)
-    micro_batch_rows: int = 1  # rows per forward pass on one process; grad accumulation fills batch_rows
-    val_fraction: float = 0.05  # held-out share of samples, evaluated at the end of every epoch
-    val_max_samples: int = 200  # cap on the held-out split, so validation stays a small fraction of an epoch
-    max_samples: int | None = None  # use only the first N samples of the store (None = all)
+    batch_rows: int = Field(8, ge=1)  # rows per optimizer step over all processes (the global batch)
+    micro_batch_rows: int = Field(1, ge=1)  # rows per forward pass on one process; grad accumulation fills batch_rows
+    val_fraction: float = Field(0.05, ge=0, lt=1)  # held-out share of samples, evaluated at the end of every epoch
+    val_max_samples: int = Field(200, ge=0)  # cap on the held-out split, so validation stays a small fraction of an epoch
+    max_samples: int | None = Field(None, ge=1)  # use only the first N samples of the store (None = all)
 
     # --- optimisation
-    epochs: float = 2.0  # passes over the training split (fractional: stop part-way through the last)
-    max_steps: int | None = None  # optional cap on optimizer steps (overrides epochs when smaller)
-    lr: float = 1e-4  # peak AdamW learning rate (EAGLE-3 reference 5e-5..1e-4 at batch ~16k tokens)
-    min_lr_ratio: float = 0.1  # cosine decay floor, as a fraction of lr
-    warmup_steps: int = 50  # linear warmup
-    weight_decay: float = 0.0  # AdamW weight decay (EAGLE-3 reference: none)
+    epochs: float = Field(2.0, gt=0)  # passes over the training split (fractional: stop part-way through the last)
+    max_steps: int | None = Field(None, ge=1)  # optional cap on optimizer steps (overrides epochs when smaller)
+    lr: float = Field(1e-4, gt=0)  # peak AdamW learning rate (EAGLE-3 reference 5e-5..1e-4 at batch ~16k tokens)
+    min_lr_ratio: float = Field(0.1, ge=0, le=1)  # cosine decay floor, as a fraction of lr
+    warmup_steps: int = Field(50, ge=0)  # linear warmup
+    weight_decay: float = Field(0.0, ge=0)  # AdamW weight decay (EAGLE-3 reference: none)
     betas: tuple[float, float] = (0.9, 0.95)  # AdamW betas
-    grad_clip: float = 0.5  # global grad-norm clip (EAGLE-3 reference 0.5)
+    grad_clip: float = Field(0.5, gt=0)  # global grad-norm clip (EAGLE-3 reference 0.5)
     seed: int = 0  # init, data order and validation split
 
     # --- hardware
-    nproc_per_node: int = 1  # processes (GPUs) per node; > 1 launches torchrun
-    nnodes: int = 1  # nodes for multi-node torchrun (launch the same command on each node)
+    nproc_per_node: int = Field(1, ge=1)  # processes (GPUs) per node; > 1 launches torchrun
+    nnodes: int = Field(1, ge=1)  # nodes for multi-node torchrun (launch the same command on each node)
     distributed: Literal["ddp", "fsdp"] = "ddp"  # FSDP2 (fully_shard) shards params/optimizer for large drafters
     device: Literal["auto", "cpu", "cuda"] = "auto"  # auto = cuda when available
     precision: Literal["auto", "float32", "bfloat16"] = "auto"  # auto: bf16 autocast on CUDA, fp32 on CPU
@@ -59,26 +59,30 @@ class TrainConfig(StageConfig):
     attention: Literal["auto", "doc", "doc-sdpa", "dense", "sdpa"] = "auto"  # TTT attention (eagle3lib/model/ttt.py): "doc"
     # lays each packed sample out on its own (cost ~ sample length^2, not row length^2); "sdpa" = one SDPA over the
     # packed row with the boolean [block-causal | diagonals] mask; auto = doc (fastest in benchmarks/train_throughput.py)
-    threads: int | None = None  # torch CPU threads per process; None = cores / processes per node
+    threads: int | None = Field(None, ge=1)  # torch CPU threads per process; None = cores / processes per node
 
     # --- logging and checkpoints
-    log_every: int = 10  # optimizer steps per metrics record (and console line)
-    ckpt_every: int = 200  # optimizer steps between checkpoints (a final one is always written)
-    keep_checkpoints: int = 2  # keep the newest N step checkpoints
+    log_every: int = Field(10, ge=1)  # optimizer steps per metrics record (and console line)
+    ckpt_every: int = Field(200, ge=1)  # optimizer steps between checkpoints (a final one is always written)
+    keep_checkpoints: int = Field(2, ge=1)  # keep the newest N step checkpoints
     resume: bool = True  # continue from the newest checkpoint in RUN_DIR/train/checkpoints when there is one
+
+    @field_validator("betas")
+    @classmethod
+    def _betas(cls, v: tuple[float, float]) -> tuple[float, float]:
+        if not all(0 <= b < 1 for b in v):
+            raise ValueError(f"AdamW betas must be in [0, 1), got {list(v)}")
+        return v
 
     @model_validator(mode="after")
     def _check(self) -> TrainConfig:
-        if self.ttt_steps < 1:
-            raise ValueError("ttt_steps must be >= 1")
-        if not 0 < self.decay <= 1:
-            raise ValueError("decay must be in (0, 1]")
         if self.batch_rows % self.micro_batch_rows:
-            raise ValueError(f"batch_rows ({self.batch_rows}) must be a multiple of micro_batch_rows ({self.micro_batch_rows})")
-        if self.max_seq_len < 4 + self.ttt_steps:
-            raise ValueError("max_seq_len is too short for the TTT steps")
-        if self.draft_vocab_size < 2:
-            raise ValueError("draft_vocab_size must be >= 2")
-        if not 0 <= self.val_fraction < 1:
-            raise ValueError("val_fraction must be in [0, 1)")
+            raise ValueError(f"train.batch_rows ({self.batch_rows}) must be a multiple of train.micro_batch_rows "
+                             f"({self.micro_batch_rows})")
+        if self.packed_row_tokens < 4 + self.ttt_steps:
+            raise ValueError(f"train.packed_row_tokens ({self.packed_row_tokens}) is too short for train.ttt_steps "
+                             f"({self.ttt_steps}): at least ttt_steps + 4 tokens")
+        if self.num_attention_heads and self.num_key_value_heads and self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(f"train.num_attention_heads ({self.num_attention_heads}) must be a multiple of "
+                             f"train.num_key_value_heads ({self.num_key_value_heads})")
         return self

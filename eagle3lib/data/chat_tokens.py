@@ -8,7 +8,7 @@ template renders them), False on system/user turns and on the assistant header.
   end-of-turn marker (the tokenizer's eos token, or an explicit `end_of_turn`) following that start; tokens are mapped
   to spans through the tokenizer's character offsets. This copes with templates that render earlier turns differently
   (Qwen3 drops the reasoning of assistant turns before the last user message).
-Longer samples than `max_seq_len` are truncated or dropped; samples without any assistant token are skipped.
+Longer samples than `max_sample_tokens` are truncated or dropped; samples without any assistant token are skipped.
 """
 
 from __future__ import annotations
@@ -47,8 +47,8 @@ class TokenizeStats:
     conversations: int = 0  # seen
     kept: int = 0  # returned, ready to extract
     skipped_no_assistant: int = 0  # no assistant token at all
-    truncated: int = 0  # cut to max_seq_len and kept
-    dropped_too_long: int = 0  # longer than max_seq_len and dropped (policy drop, or no assistant token left)
+    truncated: int = 0  # cut to max_sample_tokens and kept
+    dropped_too_long: int = 0  # longer than max_sample_tokens and dropped (policy drop, or no assistant token left)
     bad_samples: int = 0  # failed to render/tokenize, skipped (on_bad_record="skip")
     duplicate_ids: int = 0  # a second sample with an id already seen, skipped
     tokens: int = 0  # in kept samples
@@ -172,13 +172,13 @@ def _mask_by_prefixes(tok: Any, messages: list[dict[str, Any]], kwargs: dict[str
 class ChatTokenizer:
     """Renders and tokenizes conversations for extraction; one instance per verifier tokenizer."""
 
-    def __init__(self, tokenizer: Any, max_seq_len: int, too_long: Literal["truncate", "drop"] = "truncate",
+    def __init__(self, tokenizer: Any, max_sample_tokens: int, too_long: Literal["truncate", "drop"] = "truncate",
                  chat_template_kwargs: dict[str, Any] | None = None, end_of_turn: list[str] | None = None,
                  mask_method: Literal["auto", "generation", "prefix"] = "auto"):
         if getattr(tokenizer, "chat_template", None) is None:
             raise TokenizeError("the verifier's tokenizer has no chat template")
         self.tok = tokenizer
-        self.max_seq_len = max_seq_len
+        self.max_sample_tokens = max_sample_tokens
         self.too_long = too_long
         self.kwargs = dict(chat_template_kwargs or {})
         if mask_method == "auto":
@@ -220,11 +220,11 @@ class ChatTokenizer:
                 stats.skipped_no_assistant += 1
                 continue
             truncated = False
-            if len(ids) > self.max_seq_len:
+            if len(ids) > self.max_sample_tokens:
                 if self.too_long == "drop":
                     stats.dropped_too_long += 1
                     continue
-                ids, mask = ids[: self.max_seq_len], mask[: self.max_seq_len]
+                ids, mask = ids[: self.max_sample_tokens], mask[: self.max_sample_tokens]
                 if not mask.any():
                     stats.dropped_too_long += 1
                     continue

@@ -69,17 +69,26 @@ def _raw_records(path: Path) -> Iterator[tuple[int, Any]]:
     if path.suffix == ".parquet":
         import polars as pl
 
-        for i, row in enumerate(pl.read_parquet(path).iter_rows(named=True), 1):
+        try:
+            frame = pl.read_parquet(path)
+        except Exception as e:  # polars raises its own error types for damaged or non-Parquet files
+            raise DatasetError(f"{path}: not a readable Parquet file ({type(e).__name__}: {e})") from None
+        for i, row in enumerate(frame.iter_rows(named=True), 1):
             yield i, row
         return
-    with open(path, encoding="utf-8") as f:
-        for i, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                yield i, json.loads(line)
-            except json.JSONDecodeError as e:
-                yield i, e
+    try:
+        with open(path, encoding="utf-8") as f:
+            for i, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    yield i, json.loads(line)
+                except json.JSONDecodeError as e:
+                    yield i, e
+    except UnicodeDecodeError as e:
+        raise DatasetError(f"{path}: not UTF-8 text (byte {e.start}): a JSONL dataset is one JSON object per line") from None
+    except IsADirectoryError:
+        raise DatasetError(f"{path}: is a directory, not a JSONL or Parquet file") from None
 
 
 def _normalise_messages(rec: dict[str, Any]) -> list[dict[str, Any]]:

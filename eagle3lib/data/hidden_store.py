@@ -34,6 +34,8 @@ from typing import Any
 
 import torch
 
+from eagle3lib.core.atomic import write_error, write_json_atomic, write_text_atomic
+
 FORMAT = "eagle3lib-hidden-v1"
 STORE_META = "store.json"
 INDEX = "index.jsonl"
@@ -42,7 +44,7 @@ SHARD_RE = re.compile(r"^shard-(\d{5,})\.safetensors$")
 DTYPES = {"bfloat16": torch.bfloat16, "float8_e4m3fn": torch.float8_e4m3fn}
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
 META_KEYS = ("verifier", "hidden_size", "vocab_size", "num_layers", "aux_layer_ids")  # must match on resume (and
-# dtype, format, and max_seq_len when both the store and the writer state it)
+# dtype, format, and max_sample_tokens when both the store and the writer state it)
 
 
 class StoreError(ValueError):
@@ -101,19 +103,26 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+DAMAGED_HINT = "delete it and run the extract stage again: it extracts the samples of a missing shard again"
+
+
 def _shard_header(path: Path) -> dict[str, Any]:
     from safetensors import safe_open
 
-    with safe_open(str(path), framework="pt") as f:
-        md = f.metadata() or {}
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            md = f.metadata() or {}
+    except Exception as e:  # SafetensorError (truncated, overwritten), OSError
+        raise StoreError(f"{path}: damaged hidden-state shard ({type(e).__name__}: {e}); {DAMAGED_HINT}") from None
     if md.get("format") != FORMAT:
         raise StoreError(f"{path}: not an eagle3lib hidden-state shard (format {md.get('format')!r})")
     return {"shard": path.name, "ids": json.loads(md["ids"]), "lengths": json.loads(md["lengths"]),
             "loss_tokens": int(md.get("loss_tokens", 0)), "bytes": path.stat().st_size}
 
 
-def _read_index(root: Path) -> dict[str, dict[str, Any]]:
-    """Shard name -> index entry, from index.jsonl (a torn last line ignored) and any complete shard not yet indexed."""
+def _read_index(root: Path, strict: bool = True) -> dict[str, dict[str, Any]]:
+    """Shard name -> index entry, from index.jsonl (a torn last line ignored) and any complete shard not yet indexed.
+    strict=False (the writer): an unindexed shard that does not read is left for `_set_aside_damaged`."""
     entries: dict[str, dict[str, Any]] = {}
     index = root / INDEX
     if index.exists():
@@ -128,7 +137,12 @@ def _read_index(root: Path) -> dict[str, dict[str, Any]]:
     if shard_dir.is_dir():
         for p in shard_dir.iterdir():
             if SHARD_RE.match(p.name) and p.name not in entries:
-                entries[p.name] = _shard_header(p)  # renamed but not indexed: killed between the two steps
+                try:
+                    entries[p.name] = _shard_header(p)  # renamed but not indexed: killed between the two steps
+                except StoreError:
+                    if strict:
+                        raise
+                    entries[p.name] = {"shard": p.name, "ids": [], "lengths": [], "loss_tokens": 0, "bytes": -1}
     return dict(sorted(entries.items(), key=lambda kv: int(SHARD_RE.match(kv[0]).group(1))))
 
 
@@ -175,7 +189,8 @@ class HiddenStateWriter:
         for p in self.shard_dir.iterdir():  # temporary files of a killed writer
             if p.name.startswith(".") and p.name.endswith(".tmp"):
                 p.unlink(missing_ok=True)
-        self.entries = _read_index(self.root)
+        self.entries = _read_index(self.root, strict=False)
+        self.damaged: list[str] = self._set_aside_damaged()  # their samples are extracted again
         self._repair_index()
         self.done_ids: set[str] = {i for e in self.entries.values() for i in e["ids"]}
         self._next = 1 + max((int(SHARD_RE.match(n).group(1)) for n in self.entries), default=-1)
@@ -188,12 +203,10 @@ class HiddenStateWriter:
 
     # -- store metadata
     def _init_meta(self) -> None:
-        from eagle3lib.core.atomic import write_json_atomic
-
         path = self.root / STORE_META
         if path.exists():
             old = read_store_meta(self.root)
-            keys = (*META_KEYS, "dtype", "format", "max_seq_len")
+            keys = (*META_KEYS, "dtype", "format", "max_sample_tokens")
             diffs = [f"{k}: stored {old.get(k)!r}, now {self.meta.get(k)!r}" for k in keys
                      if k in self.meta and (k in old or k in META_KEYS) and old.get(k) != self.meta.get(k)]
             if diffs:
@@ -204,12 +217,29 @@ class HiddenStateWriter:
 
     def _repair_index(self) -> None:
         """Rewrite index.jsonl from the scan when it lacks shards or ends in a torn line, so appends stay clean."""
-        from eagle3lib.core.atomic import write_text_atomic
-
         index = self.root / INDEX
         text = index.read_text(encoding="utf-8") if index.exists() else ""
         if text.count("\n") != len(self.entries) or (text and not text.endswith("\n")):
             write_text_atomic(index, "".join(json.dumps(e) + "\n" for e in self.entries.values()))
+
+    def _set_aside_damaged(self) -> list[str]:
+        """Shards listed but missing, cut short or unreadable are moved to shards/.damaged-NAME and dropped from the
+        index, so a resumed run extracts their samples again instead of trusting them (and says so)."""
+        damaged = []
+        for name, e in list(self.entries.items()):
+            path = self.shard_dir / name
+            ok = path.exists() and path.stat().st_size == e.get("bytes", -1)
+            if ok:
+                try:
+                    _shard_header(path)
+                except StoreError:
+                    ok = False
+            if not ok:
+                if path.exists():
+                    os.replace(path, self.shard_dir / f".damaged-{name}")
+                del self.entries[name]
+                damaged.append(name)
+        return damaged
 
     # -- adding samples
     def __contains__(self, sample_id: str) -> bool:
@@ -268,6 +298,11 @@ class HiddenStateWriter:
             with open(tmp, "rb+") as f:
                 os.fsync(f.fileno())
             os.replace(tmp, final_path)
+        except Exception as e:  # disk full, quota, I/O error: the complete shards stay, this one is redone on resume
+            tmp.unlink(missing_ok=True)
+            raise StoreError(f"{final_path}: cannot write the shard ({write_error(final_path, e)}); the store keeps its "
+                             f"{len(self.entries)} complete shards, and a re-run resumes after them once there is "
+                             "room") from None
         except BaseException:
             tmp.unlink(missing_ok=True)
             raise
@@ -348,7 +383,12 @@ class HiddenStateReader:
 
         h = self._handles.get(si)
         if h is None:
-            h = safe_open(str(self.root / SHARDS_DIR / self.entries[si]["shard"]), framework="pt")
+            path = self.root / SHARDS_DIR / self.entries[si]["shard"]
+            try:
+                h = safe_open(str(path), framework="pt")
+            except Exception as e:  # missing, truncated, overwritten
+                raise StoreError(f"{path}: cannot read this hidden-state shard ({type(e).__name__}: {e}); "
+                                 f"{DAMAGED_HINT}") from None
             self._handles[si] = h
             if len(self._handles) > self.max_open_shards:
                 self._handles.popitem(last=False)
@@ -368,11 +408,16 @@ class HiddenStateReader:
         def rows(name: str) -> torch.Tensor:
             return f.get_slice(name)[off : off + n]
 
-        aux, final = rows("aux_hidden"), rows("final_hidden")
-        if aux.dtype == torch.float8_e4m3fn:
-            aux = dequantize_fp8(aux, rows("aux_scale"))
-            final = dequantize_fp8(final, rows("final_scale"))
-        return HiddenSample(self.ids[i], rows("input_ids").long(), rows("loss_mask").bool(), aux, final)
+        try:
+            aux, final = rows("aux_hidden"), rows("final_hidden")
+            if aux.dtype == torch.float8_e4m3fn:
+                aux = dequantize_fp8(aux, rows("aux_scale"))
+                final = dequantize_fp8(final, rows("final_scale"))
+            return HiddenSample(self.ids[i], rows("input_ids").long(), rows("loss_mask").bool(), aux, final)
+        except Exception as e:
+            path = self.root / SHARDS_DIR / self.entries[si]["shard"]
+            raise StoreError(f"{path}: sample {self.ids[i]!r} does not read ({type(e).__name__}: {e}); "
+                             f"{DAMAGED_HINT}") from None
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)

@@ -2,7 +2,7 @@
 
 - Split: a seeded `val_fraction` of the samples (at most `val_max_samples`, at least 1 when there are >= 20) is held out.
 - Rows: with packing, each epoch's seeded permutation is cut into windows of 512 samples, and each window is packed
-  first-fit-decreasing into rows of at most `max_seq_len` tokens (a sample longer than that is truncated); the rows are
+  first-fit-decreasing into rows of at most `row_len` tokens (a sample longer than that is truncated); the rows are
   then shuffled. Without packing, a row is one sample.
 - Steps: `batch_rows` rows per optimizer step (the global batch; a partial last step is dropped). The rows of a step are
   dealt to the processes longest-first, each to the least-loaded process (by tokens), then cut into micro-batches of
@@ -16,7 +16,25 @@ from dataclasses import dataclass
 
 import torch
 
-from eagle3lib.model.ttt import MicroBatch
+
+@dataclass
+class MicroBatch:
+    """One micro-batch of packed rows on one device. Shapes [B, S] unless noted."""
+
+    aux: torch.Tensor  # [B, S, 3, H] verifier features
+    final: torch.Tensor  # [B, S, H] verifier final hidden state (pre-norm)
+    ids: torch.Tensor  # token ids
+    loss_mask: torch.Tensor  # bool, True on assistant tokens
+    pos: torch.Tensor  # position inside its sample
+    doc: torch.Tensor  # sample number inside the row, -1 on padding
+    n_tokens: int  # real (non-padding) tokens
+    n_samples: int
+
+    def to(self, device) -> MicroBatch:
+        return MicroBatch(*(getattr(self, f).to(device, non_blocking=True) for f in ("aux", "final", "ids", "loss_mask",
+                                                                                      "pos", "doc")),
+                          self.n_tokens, self.n_samples)
+
 
 WINDOW = 512  # samples per first-fit-decreasing window: packing efficiency ~99% while keeping the order random
 
@@ -41,18 +59,18 @@ def split_samples(n: int, val_fraction: float, val_max: int, seed: int, ids: lis
     return Split(sorted(perm[n_val:], key=rank.__getitem__), sorted(perm[:n_val], key=rank.__getitem__))
 
 
-def pack_rows(indices: list[int], lengths: list[int], max_seq_len: int, packing: bool,
+def pack_rows(indices: list[int], lengths: list[int], row_len: int, packing: bool,
               generator: torch.Generator | None = None) -> list[list[int]]:
     """Rows of sample indices; `indices` are taken in the given order (shuffle before)."""
     if not packing:
         return [[i] for i in indices]
     rows: list[list[int]] = []
     for w in range(0, len(indices), WINDOW):
-        window = sorted(indices[w : w + WINDOW], key=lambda i: -min(lengths[i], max_seq_len))
+        window = sorted(indices[w : w + WINDOW], key=lambda i: -min(lengths[i], row_len))
         bins: list[list[int]] = []
         room: list[int] = []
         for i in window:
-            n = min(lengths[i], max_seq_len)
+            n = min(lengths[i], row_len)
             for b, r in enumerate(room):
                 if n <= r:
                     bins[b].append(i)
@@ -60,7 +78,7 @@ def pack_rows(indices: list[int], lengths: list[int], max_seq_len: int, packing:
                     break
             else:
                 bins.append([i])
-                room.append(max_seq_len - n)
+                room.append(row_len - n)
         rows.extend(bins)
     if generator is not None:
         order = torch.randperm(len(rows), generator=generator).tolist()
@@ -68,29 +86,29 @@ def pack_rows(indices: list[int], lengths: list[int], max_seq_len: int, packing:
     return rows
 
 
-def row_tokens(row: list[int], lengths: list[int], max_seq_len: int) -> int:
-    return sum(min(lengths[i], max_seq_len) for i in row)
+def row_tokens(row: list[int], lengths: list[int], row_len: int) -> int:
+    return sum(min(lengths[i], row_len) for i in row)
 
 
-def epoch_rows(train: list[int], lengths: list[int], max_seq_len: int, packing: bool, seed: int,
+def epoch_rows(train: list[int], lengths: list[int], row_len: int, packing: bool, seed: int,
                epoch: int) -> list[list[int]]:
     g = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
     perm = [train[j] for j in torch.randperm(len(train), generator=g).tolist()]
-    return pack_rows(perm, lengths, max_seq_len, packing, g)
+    return pack_rows(perm, lengths, row_len, packing, g)
 
 
-def deal(rows: list[list[int]], lengths: list[int], max_seq_len: int, world: int,
+def deal(rows: list[list[int]], lengths: list[int], row_len: int, world: int,
          micro_batch_rows: int) -> list[list[list[list[int]]]]:
     """One step's rows -> per process, a list of micro-batches (each a list of rows). Longest-first to the least loaded
     process that still has room, so every process gets len(rows)/world rows and about the same tokens."""
     per = len(rows) // world
-    order = sorted(range(len(rows)), key=lambda r: (-row_tokens(rows[r], lengths, max_seq_len), r))
+    order = sorted(range(len(rows)), key=lambda r: (-row_tokens(rows[r], lengths, row_len), r))
     load = [0] * world
     got: list[list[list[int]]] = [[] for _ in range(world)]
     for r in order:
         p = min((p for p in range(world) if len(got[p]) < per), key=lambda p: (load[p], p))
         got[p].append(rows[r])
-        load[p] += row_tokens(rows[r], lengths, max_seq_len)
+        load[p] += row_tokens(rows[r], lengths, row_len)
     # got[p] is already longest-first: consecutive rows have similar lengths, so micro-batches pad little
     return [[got[p][m : m + micro_batch_rows] for m in range(0, per, micro_batch_rows)] for p in range(world)]
 
@@ -126,7 +144,7 @@ def make_plan(train: list[int], lengths: list[int], cfg, max_steps: int | None =
     lengths_full: list[int] = []
     total = 0
     for e in range(n_full):
-        rows = epoch_rows(train, lengths, cfg.max_seq_len, cfg.packing, cfg.seed, e)
+        rows = epoch_rows(train, lengths, cfg.packed_row_tokens, cfg.packing, cfg.seed, e)
         n = len(rows) // cfg.batch_rows
         if e == n_full - 1 and cfg.epochs < n_full:
             n = max(1, int(round(n * (cfg.epochs - e))))
@@ -143,18 +161,18 @@ def make_plan(train: list[int], lengths: list[int], cfg, max_steps: int | None =
     return Plan(steps, cfg.epochs, total, lengths_full)
 
 
-def val_rows(val: list[int], lengths: list[int], max_seq_len: int, packing: bool) -> list[list[int]]:
-    return pack_rows(list(val), lengths, max_seq_len, packing)
+def val_rows(val: list[int], lengths: list[int], row_len: int, packing: bool) -> list[list[int]]:
+    return pack_rows(list(val), lengths, row_len, packing)
 
 
 # ------------------------------------------------------------------------------------------------------ collation
 
 
-def collate(reader, rows: list[list[int]], max_seq_len: int) -> MicroBatch:
+def collate(reader, rows: list[list[int]], row_len: int) -> MicroBatch:
     """Read the samples of `rows` and lay them out as [B, S] (S = the longest row), padding with doc = -1."""
     samples = {i: reader[i] for row in rows for i in row}
     B = len(rows)
-    S = max(row_tokens(r, reader.lengths, max_seq_len) for r in rows)
+    S = max(row_tokens(r, reader.lengths, row_len) for r in rows)
     first = next(iter(samples.values()))
     n_aux, H = first.aux_hidden.shape[1], first.aux_hidden.shape[2]
     aux = torch.zeros(B, S, n_aux, H, dtype=first.aux_hidden.dtype)
@@ -168,7 +186,7 @@ def collate(reader, rows: list[list[int]], max_seq_len: int) -> MicroBatch:
         off = 0
         for d, i in enumerate(row):
             s = samples[i]
-            n = min(len(s), max_seq_len)
+            n = min(len(s), row_len)
             aux[b, off : off + n] = s.aux_hidden[:n]
             final[b, off : off + n] = s.final_hidden[:n]
             ids[b, off : off + n] = s.input_ids[:n]

@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from eagle3lib.core.atomic import write_error
 from eagle3lib.model.drafter import DrafterConfig, Eagle3Drafter
 
 CKPT_RE = re.compile(r"^step_(\d{8})$")
@@ -167,21 +168,94 @@ def save_drafter(state: dict[str, torch.Tensor], cfg: DrafterConfig, out_dir: st
             shutil.rmtree(old, ignore_errors=True)
         else:
             os.replace(tmp, out_dir)
+    except Exception as e:  # disk full, quota: the previous checkpoint under this name (if any) is untouched
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise CheckpointError(f"{out_dir}: cannot write the checkpoint ({write_error(out_dir, e)}); earlier "
+                              "checkpoints are intact") from None
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out_dir
 
 
-def read_config(ckpt_dir: str | Path) -> DrafterConfig:
+def _config_json(ckpt_dir: str | Path) -> tuple[Path, dict[str, Any]]:
     path = Path(ckpt_dir) / "config.json"
     if not path.exists():
         raise CheckpointError(f"{path}: no config.json (not a drafter checkpoint)")
     try:
         d = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise CheckpointError(f"{path}: not valid JSON ({e})") from e
-    return config_from_speculators(d)
+    if not isinstance(d, dict):
+        raise CheckpointError(f"{path}: expected a JSON object")
+    return path, d
+
+
+def read_config(ckpt_dir: str | Path) -> DrafterConfig:
+    path, d = _config_json(ckpt_dir)
+    try:
+        return config_from_speculators(d)
+    except CheckpointError as e:
+        raise CheckpointError(f"{path}: {e}") from None
+    except (KeyError, TypeError, ValueError) as e:
+        raise CheckpointError(f"{path}: missing or malformed field {e}") from None
+
+
+LAYER_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+              "hidden_act", "rms_norm_eps")
+
+
+def check_servable(ckpt_dir: str | Path) -> DrafterConfig:
+    """What vLLM needs to load the folder as an EAGLE-3 speculator, checked before a server starts (vLLM fails minutes
+    later, or loads silently and accepts nothing). Returns the drafter config; raises naming every missing field."""
+    from safetensors import safe_open
+
+    path, d = _config_json(ckpt_dir)
+    problems = []
+    if "model_type" in d:
+        problems.append("a top-level model_type (vLLM then does not detect the speculators format)")
+    if d.get("speculators_model_type") != "eagle3":
+        problems.append(f"speculators_model_type is {d.get('speculators_model_type')!r}, not 'eagle3'")
+    spec = d.get("speculators_config")
+    methods = spec.get("proposal_methods") if isinstance(spec, dict) else None
+    if not isinstance(spec, dict):
+        problems.append("no speculators_config")
+    elif not (isinstance(methods, list) and methods and isinstance(methods[0], dict)
+              and isinstance(methods[0].get("speculative_tokens"), int)):
+        problems.append("no speculators_config.proposal_methods[0].speculative_tokens")
+    layer = d.get("transformer_layer_config")
+    if not isinstance(layer, dict):
+        problems.append("no transformer_layer_config")
+    else:
+        problems += [f"no transformer_layer_config.{k}" for k in LAYER_KEYS if k not in layer]
+    if not isinstance(d.get("draft_vocab_size"), int):
+        problems.append("no draft_vocab_size")
+    ids = d.get("eagle_aux_hidden_state_layer_ids")
+    if not (isinstance(ids, list) and len(ids) == 3):
+        problems.append(f"eagle_aux_hidden_state_layer_ids must list 3 layers (vLLM's drafter sizes fc for 3), got {ids!r}")
+    if problems:
+        raise CheckpointError(f"{path}: not loadable by vLLM as an EAGLE-3 drafter: {'; '.join(problems)}")
+    cfg = read_config(ckpt_dir)
+    shapes: dict[str, tuple[int, ...]] = {}
+    files = sorted(Path(ckpt_dir).glob("*.safetensors"))
+    if not files:
+        raise CheckpointError(f"{ckpt_dir}: no *.safetensors weights")
+    for f in files:
+        try:
+            with safe_open(str(f), framework="pt") as sf:
+                shapes.update({k: tuple(sf.get_slice(k).get_shape()) for k in sf.keys()})  # noqa: SIM118
+        except Exception as e:
+            raise CheckpointError(f"{f}: damaged weights ({type(e).__name__}: {e})") from None
+    shapes = {k.removeprefix("model."): v for k, v in shapes.items()}
+    need = {"fc.weight": (cfg.hidden_size, cfg.num_aux * cfg.hidden_size), "norm.weight": (cfg.hidden_size,),
+            "lm_head.weight": (cfg.draft_vocab_size, cfg.hidden_size)}
+    if cfg.draft_vocab_size != cfg.vocab_size:
+        need["d2t"] = (cfg.draft_vocab_size,)  # without it vLLM loads, maps draft ids wrong and accepts nothing
+    bad = [f"{k} {'missing' if k not in shapes else f'has shape {list(shapes[k])}'}, expected {list(v)}"
+           for k, v in need.items() if shapes.get(k) != v]
+    if bad:
+        raise CheckpointError(f"{ckpt_dir}: weights vLLM needs are wrong: {'; '.join(bad)}")
+    return cfg
 
 
 def load_state(ckpt_dir: str | Path) -> dict[str, torch.Tensor]:
@@ -192,7 +266,10 @@ def load_state(ckpt_dir: str | Path) -> dict[str, torch.Tensor]:
         raise CheckpointError(f"{ckpt_dir}: no safetensors weights")
     state: dict[str, torch.Tensor] = {}
     for f in files:
-        state.update(load_file(str(f)))
+        try:
+            state.update(load_file(str(f)))
+        except Exception as e:  # truncated or overwritten file
+            raise CheckpointError(f"{f}: damaged weights ({type(e).__name__}: {e})") from None
     return drafter_tensors(state)
 
 
@@ -216,8 +293,7 @@ def load_drafter(ckpt_dir: str | Path, device: str | torch.device = "cpu", verif
     if missing or unexpected:
         raise CheckpointError(f"{ckpt_dir}: weights do not match its config.json (missing {missing}, unexpected {unexpected})")
     if emb is None:
-        from eagle3lib.model.drafter import load_verifier_head
-        from eagle3lib.model.verifier import resolve_model
+        from eagle3lib.model.verifier import load_verifier_head, resolve_model
 
         vp = verifier_path or cfg.verifier
         if not vp:

@@ -29,10 +29,8 @@ Library speculative decoding (what vLLM does, for the evaluate stage):
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -325,86 +323,6 @@ class DrafterKVCache:
                 self.v[i] = self.v[i][:, :, :n]
 
 
-# ------------------------------------------------------------------------------------------- the verifier's weights
-
-
-@dataclass
-class VerifierHead:
-    """What the drafter needs from the verifier: the embedding, and the final norm + lm_head that define the target."""
-
-    embed_tokens: torch.Tensor  # [V, H]
-    norm_weight: torch.Tensor  # [H]
-    lm_head: torch.Tensor  # [V, H]
-    rms_norm_eps: float
-    config: Any  # the verifier's (text) config
-
-    def target_logits(self, final_hidden: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
-        """lm_head(norm(final_hidden)) in fp32, restricted to `rows` of the lm_head (the draft vocabulary) if given."""
-        x = final_hidden.float()
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.rms_norm_eps) * self.norm_weight.float()
-        w = self.lm_head if rows is None else self.lm_head[rows]
-        return x @ w.float().t()
-
-
-def _safetensors_files(model_dir: Path) -> dict[str, Path]:
-    """Tensor name -> file, from model.safetensors.index.json or the *.safetensors files of the folder."""
-    from safetensors import safe_open
-
-    index = model_dir / "model.safetensors.index.json"
-    if index.exists():
-        wm = json.loads(index.read_text())["weight_map"]
-        return {k: model_dir / v for k, v in wm.items()}
-    out = {}
-    for p in sorted(model_dir.glob("*.safetensors")):
-        with safe_open(str(p), framework="pt") as f:
-            for k in f.keys():  # noqa: SIM118 (safe_open has no __iter__)
-                out[k] = p
-    if not out:
-        raise FileNotFoundError(f"{model_dir}: no safetensors weights")
-    return out
-
-
-def _pick(names: dict[str, Path], suffixes: tuple[str, ...]) -> str | None:
-    """The shortest tensor name equal to or ending in one of `suffixes` (tried in order): "model.norm.weight" matches
-    Kimi's "language_model.model.norm.weight" but never "model.layers.3.input_layernorm.weight"."""
-    for suf in suffixes:
-        cands = sorted((n for n in names if n == suf or n.endswith("." + suf)), key=len)
-        if cands:
-            return cands[0]
-    return None
-
-
-def load_verifier_head(model_path: str | Path, trust_remote_code: bool = False) -> VerifierHead:
-    """Read embed_tokens, the final norm and lm_head from the verifier's safetensors (only those tensors)."""
-    from safetensors import safe_open
-
-    from eagle3lib.model.verifier import load_config
-
-    cfg = load_config(str(model_path), trust_remote_code=trust_remote_code)
-    model_dir = Path(model_path)
-    if not model_dir.is_dir():
-        from huggingface_hub import snapshot_download
-
-        model_dir = Path(snapshot_download(str(model_path), allow_patterns=["*.json", "*.safetensors"]))
-    names = _safetensors_files(model_dir)
-    emb = _pick(names, ("model.embed_tokens.weight", "embed_tokens.weight"))
-    norm = _pick(names, ("model.norm.weight",))
-    head = _pick(names, ("lm_head.weight",))
-    if emb is None or norm is None:
-        raise ValueError(f"{model_dir}: cannot find the verifier's embed_tokens / final norm weights")
-    if head is None:
-        if not getattr(cfg, "tie_word_embeddings", False):
-            raise ValueError(f"{model_dir}: no lm_head.weight and tie_word_embeddings is false")
-        head = emb
-
-    def get(name: str) -> torch.Tensor:
-        with safe_open(str(names[name]), framework="pt") as f:
-            return f.get_tensor(name)
-
-    e = get(emb)
-    return VerifierHead(e, get(norm), e if head == emb else get(head), float(getattr(cfg, "rms_norm_eps", 1e-6)), cfg)
-
-
 def drafter_config_from(train_cfg, verifier_cfg, aux_layer_ids: list[int], draft_vocab_size: int,
                         verifier_name: str) -> DrafterConfig:
     """The drafter's shape: the train section's choices, the verifier's where they are None."""
@@ -440,7 +358,7 @@ def drafter_config_from(train_cfg, verifier_cfg, aux_layer_ids: list[int], draft
     )
 
 
-def init_from_verifier(model: Eagle3Drafter, head: VerifierHead) -> None:
+def init_from_verifier(model: Eagle3Drafter, head: Any) -> None:
     """The frozen embedding, and a warm start for lm_head: the verifier's lm_head rows of the draft vocabulary, so the
     drafter starts as "the verifier's head on whatever hidden state you produce". The final norm starts at ones
     (copying the verifier's norm too measured worse early on: benchmarks/train_throughput.py, tiny, 22 steps:
@@ -458,12 +376,4 @@ def param_count_str(n: int) -> str:
     return f"{n / 1e6:.2f}M" if n < 1e9 else f"{n / 1e9:.2f}B"
 
 
-__all__ = [
-    "DrafterConfig",
-    "DrafterKVCache",
-    "Eagle3Drafter",
-    "VerifierHead",
-    "drafter_config_from",
-    "init_from_verifier",
-    "load_verifier_head",
-]
+__all__ = ["DrafterConfig", "DrafterKVCache", "Eagle3Drafter", "drafter_config_from", "init_from_verifier"]

@@ -17,62 +17,7 @@ from typing import Any
 import torch
 
 from eagle3lib.data.chat_tokens import Tokenized
-
-
-def decoder_layers(model: Any) -> torch.nn.ModuleList:
-    """The decoder layer list of a causal LM (model.model.layers for Llama/Qwen/DeepSeek-style models)."""
-    base = model.get_decoder() if hasattr(model, "get_decoder") else getattr(model, "model", model)
-    layers = getattr(base, "layers", None)
-    if layers is None and hasattr(base, "language_model"):  # multimodal wrappers
-        layers = getattr(base.language_model, "layers", None)
-    if not isinstance(layers, torch.nn.ModuleList):
-        raise ValueError(f"cannot find the decoder layers of {type(model).__name__} (expected .model.layers)")
-    return layers
-
-
-def base_model(model: Any) -> torch.nn.Module:
-    return model.get_decoder() if hasattr(model, "get_decoder") else model.model
-
-
-class LayerCapture:
-    """Forward hooks that record the input of layers[k] for k in `aux_ids` and the output of the last layer."""
-
-    def __init__(self, layers: torch.nn.ModuleList, aux_ids: list[int]):
-        L = len(layers)
-        bad = [k for k in aux_ids if not 0 <= k < L]
-        if bad:
-            raise ValueError(f"aux layer ids {bad} out of range for a verifier with {L} decoder layers (0..{L - 1})")
-        self.aux_ids = list(aux_ids)
-        self.captured: dict[Any, torch.Tensor] = {}
-        self._handles = []
-        for k in sorted(set(aux_ids)):
-            self._handles.append(layers[k].register_forward_pre_hook(self._pre(k), with_kwargs=True))
-        self._handles.append(layers[L - 1].register_forward_hook(self._post("final")))
-
-    def _pre(self, key):
-        def hook(_module, args, kwargs):
-            self.captured[key] = args[0] if args else kwargs["hidden_states"]
-
-        return hook
-
-    def _post(self, key):
-        def hook(_module, _args, output):
-            self.captured[key] = output[0] if isinstance(output, tuple | list) else output
-
-        return hook
-
-    def pop(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """(aux [B, T, n_aux, H], final [B, T, H]) of the last forward, on the device of the first aux layer."""
-        aux = [self.captured[k] for k in self.aux_ids]
-        dev = aux[0].device
-        out = torch.stack([a.to(dev) for a in aux], dim=2), self.captured["final"].to(dev)
-        self.captured = {}
-        return out
-
-    def remove(self) -> None:
-        for h in self._handles:
-            h.remove()
-        self._handles = []
+from eagle3lib.model.verifier import LayerCapture, base_model, decoder_layers, load_hf_model
 
 
 def pad_batch(batch: list[Tokenized], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -114,8 +59,6 @@ class HFExtractor:
     def __init__(self, model_path: str, aux_ids: list[int], dtype: str = "bfloat16", device: str = "auto",
                  device_map: str | None = None, trust_remote_code: bool = False, batch_tokens: int = 16384,
                  model: Any = None):
-        from eagle3lib.model.verifier import load_hf_model
-
         self.device = pick_device(device)
         if model is None:
             model = load_hf_model(model_path, dtype=dtype, device_map=device_map, trust_remote_code=trust_remote_code)

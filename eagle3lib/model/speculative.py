@@ -30,6 +30,8 @@ from typing import Any, Protocol
 
 import torch
 
+from eagle3lib.model.verifier import LayerCapture, decoder_layers
+
 # ---------------------------------------------------------------------------------------------------- the protocol
 
 
@@ -75,55 +77,35 @@ def crop_cache(cache: Any, length: int) -> None:
 
 
 class Verifier:
-    """An HF causal LM run incrementally with a DynamicCache; optionally captures the hidden states entering
-    `aux_layer_ids` (layer id k = the input of decoder layer k = HF `output_hidden_states[k]`)."""
+    """An HF causal LM run incrementally with a DynamicCache; inside `capturing(ids)` it also returns the hidden
+    states entering those decoder layers (layer id k = the input of decoder layer k = HF `output_hidden_states[k]`)."""
 
-    def __init__(self, model: Any, aux_layer_ids: Sequence[int] | None = None):
+    def __init__(self, model: Any):
         self.model = model
-        self.aux_layer_ids = list(aux_layer_ids or [])
-        self._captured: dict[int, torch.Tensor] = {}
-        self._hooks: list[Any] = []
         self.cache: Any = None
         cfg = getattr(model.config, "text_config", None) or model.config
         self.vocab_size = int(cfg.vocab_size)
         self.num_layers = int(cfg.num_hidden_layers)
         self.hidden_size = int(cfg.hidden_size)
-        bad = [i for i in self.aux_layer_ids if not 0 <= i < self.num_layers]
-        if bad:
-            raise ValueError(f"aux layer ids {bad} out of range for a verifier with {self.num_layers} layers")
+        self._capture: LayerCapture | None = None
 
     @contextmanager
     def capturing(self, aux_layer_ids: Sequence[int] | None):
         """Forward pre-hooks that record the input hidden states of the given decoder layers while active."""
         ids = list(aux_layer_ids or [])
-        layers = self._layers()
-        hooks = []
-        for k in ids:
-            def hook(_m, args, kwargs, k=k):
-                self._captured[k] = args[0] if args else kwargs["hidden_states"]
-            hooks.append(layers[k].register_forward_pre_hook(hook, with_kwargs=True))
-        old = self.aux_layer_ids
-        self.aux_layer_ids = ids
+        capture = LayerCapture(decoder_layers(self.model), ids, final=False) if ids else None
+        old, self._capture = self._capture, capture
         try:
             yield self
         finally:
-            for h in hooks:
-                h.remove()
-            self.aux_layer_ids = old
-            self._captured.clear()
-
-    def _layers(self):
-        inner = getattr(self.model, "model", None)
-        layers = getattr(inner, "layers", None) if inner is not None else None
-        if layers is None:
-            raise ValueError(f"{type(self.model).__name__}: cannot find the decoder layers (model.model.layers)")
-        return layers
+            if capture is not None:
+                capture.remove()
+            self._capture = old
 
     def reset(self) -> None:
         from transformers import DynamicCache
 
         self.cache = DynamicCache()
-        self._captured.clear()
 
     @property
     def length(self) -> int:
@@ -140,9 +122,7 @@ class Verifier:
                          logits_to_keep=1 if last_only else 0)
         self.cache = out.past_key_values
         logits = out.logits[0].float()
-        aux = None
-        if self.aux_layer_ids:
-            aux = torch.stack([self._captured[k][0] for k in self.aux_layer_ids], dim=1)
+        aux = self._capture.aux()[0] if self._capture is not None else None
         return logits, aux
 
 

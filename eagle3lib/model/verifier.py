@@ -1,8 +1,19 @@
-"""The verifier: resolve the profile's `verifier.model` to a loadable path, its EAGLE-3 layers, and HF loading."""
+"""The verifier: resolve the profile's `verifier.model` to a loadable path, its EAGLE-3 layers, HF loading, hooks on
+its decoder layers, and the weights the drafter borrows from it (embedding, final norm, lm_head).
+
+Index convention: feature id k = the hidden state *entering* decoder layer k (a forward pre-hook on layers[k]) = HF
+`output_hidden_states[k]` for k < L. The final hidden state is the *output* of the last decoder layer, before the final
+norm (whose norm + lm_head give the training targets).
+"""
 
 from __future__ import annotations
 
+import json
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
+
+import torch
 
 BUILTIN_TINY = "builtin:tiny"
 
@@ -57,7 +68,6 @@ def load_tokenizer(model: str, trust_remote_code: bool = False) -> Any:
 
 def load_hf_model(model: str, dtype: str = "float32", device_map: Any = None, trust_remote_code: bool = False) -> Any:
     """HF causal LM in eval mode, weights read with safetensors (never unpickled)."""
-    import torch
     from transformers import AutoModelForCausalLM
 
     try:
@@ -68,3 +78,157 @@ def load_hf_model(model: str, dtype: str = "float32", device_map: Any = None, tr
     except Exception as e:
         raise ValueError(f"verifier.model: cannot load '{model}' with transformers: {e}") from e
     return m.eval()
+
+
+def verifier_facts(model_path: str, trust_remote_code: bool = False,
+                   requested_aux_ids: list[int] | None = None) -> dict[str, Any]:
+    """What the stages need to know of the verifier: layers, hidden size, vocabulary and the validated aux layer ids."""
+    c = load_config(model_path, trust_remote_code)
+    L = int(c.num_hidden_layers)
+    return {"num_layers": L, "hidden_size": int(c.hidden_size), "vocab_size": int(c.vocab_size),
+            "aux_layer_ids": aux_layer_ids(requested_aux_ids, L),
+            "max_position_embeddings": getattr(c, "max_position_embeddings", None)}
+
+
+# ------------------------------------------------------------------------------------------ hooks on its layers
+
+
+def decoder_layers(model: Any) -> torch.nn.ModuleList:
+    """The decoder layer list of a causal LM (model.model.layers for Llama/Qwen/DeepSeek-style models)."""
+    base = model.get_decoder() if hasattr(model, "get_decoder") else getattr(model, "model", model)
+    layers = getattr(base, "layers", None)
+    if layers is None and hasattr(base, "language_model"):  # multimodal wrappers
+        layers = getattr(base.language_model, "layers", None)
+    if not isinstance(layers, torch.nn.ModuleList):
+        raise ValueError(f"cannot find the decoder layers of {type(model).__name__} (expected .model.layers)")
+    return layers
+
+
+def base_model(model: Any) -> torch.nn.Module:
+    return model.get_decoder() if hasattr(model, "get_decoder") else model.model
+
+
+class LayerCapture:
+    """Forward hooks that record the input of layers[k] for k in `aux_ids` and (with `final`) the output of the last
+    layer: what the extract stage stores, and what the library's speculative decoding feeds its drafter."""
+
+    def __init__(self, layers: torch.nn.ModuleList, aux_ids: list[int], final: bool = True):
+        L = len(layers)
+        bad = [k for k in aux_ids if not 0 <= k < L]
+        if bad:
+            raise ValueError(f"aux layer ids {bad} out of range for a verifier with {L} decoder layers (0..{L - 1})")
+        self.aux_ids = list(aux_ids)
+        self.captured: dict[Any, torch.Tensor] = {}
+        self._handles = []
+        for k in sorted(set(aux_ids)):
+            self._handles.append(layers[k].register_forward_pre_hook(self._pre(k), with_kwargs=True))
+        if final:
+            self._handles.append(layers[L - 1].register_forward_hook(self._post("final")))
+
+    def _pre(self, key):
+        def hook(_module, args, kwargs):
+            self.captured[key] = args[0] if args else kwargs["hidden_states"]
+
+        return hook
+
+    def _post(self, key):
+        def hook(_module, _args, output):
+            self.captured[key] = output[0] if isinstance(output, tuple | list) else output
+
+        return hook
+
+    def aux(self) -> torch.Tensor:
+        """aux [B, T, n_aux, H] of the last forward, in `aux_ids` order, on the device of the first aux layer."""
+        aux = [self.captured[k] for k in self.aux_ids]
+        dev = aux[0].device
+        return torch.stack([a.to(dev) for a in aux], dim=2)
+
+    def pop(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(aux [B, T, n_aux, H], final [B, T, H]) of the last forward, on the device of the first aux layer."""
+        aux = self.aux()
+        out = aux, self.captured["final"].to(aux.device)
+        self.captured = {}
+        return out
+
+    def remove(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+
+
+# ------------------------------------------------------------------------------------------- the verifier's weights
+
+
+@dataclass
+class VerifierHead:
+    """What the drafter needs from the verifier: the embedding, and the final norm + lm_head that define the target."""
+
+    embed_tokens: torch.Tensor  # [V, H]
+    norm_weight: torch.Tensor  # [H]
+    lm_head: torch.Tensor  # [V, H]
+    rms_norm_eps: float
+    config: Any  # the verifier's (text) config
+
+    def target_logits(self, final_hidden: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """lm_head(norm(final_hidden)) in fp32, restricted to `rows` of the lm_head (the draft vocabulary) if given."""
+        x = final_hidden.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.rms_norm_eps) * self.norm_weight.float()
+        w = self.lm_head if rows is None else self.lm_head[rows]
+        return x @ w.float().t()
+
+
+def _safetensors_files(model_dir: Path) -> dict[str, Path]:
+    """Tensor name -> file, from model.safetensors.index.json or the *.safetensors files of the folder."""
+    from safetensors import safe_open
+
+    index = model_dir / "model.safetensors.index.json"
+    if index.exists():
+        wm = json.loads(index.read_text())["weight_map"]
+        return {k: model_dir / v for k, v in wm.items()}
+    out = {}
+    for p in sorted(model_dir.glob("*.safetensors")):
+        with safe_open(str(p), framework="pt") as f:
+            for k in f.keys():  # noqa: SIM118 (safe_open has no __iter__)
+                out[k] = p
+    if not out:
+        raise FileNotFoundError(f"{model_dir}: no safetensors weights")
+    return out
+
+
+def _pick(names: dict[str, Path], suffixes: tuple[str, ...]) -> str | None:
+    """The shortest tensor name equal to or ending in one of `suffixes` (tried in order): "model.norm.weight" matches
+    Kimi's "language_model.model.norm.weight" but never "model.layers.3.input_layernorm.weight"."""
+    for suf in suffixes:
+        cands = sorted((n for n in names if n == suf or n.endswith("." + suf)), key=len)
+        if cands:
+            return cands[0]
+    return None
+
+
+def load_verifier_head(model_path: str | Path, trust_remote_code: bool = False) -> VerifierHead:
+    """Read embed_tokens, the final norm and lm_head from the verifier's safetensors (only those tensors)."""
+    from safetensors import safe_open
+
+    cfg = load_config(str(model_path), trust_remote_code=trust_remote_code)
+    model_dir = Path(model_path)
+    if not model_dir.is_dir():
+        from huggingface_hub import snapshot_download
+
+        model_dir = Path(snapshot_download(str(model_path), allow_patterns=["*.json", "*.safetensors"]))
+    names = _safetensors_files(model_dir)
+    emb = _pick(names, ("model.embed_tokens.weight", "embed_tokens.weight"))
+    norm = _pick(names, ("model.norm.weight",))
+    head = _pick(names, ("lm_head.weight",))
+    if emb is None or norm is None:
+        raise ValueError(f"{model_dir}: cannot find the verifier's embed_tokens / final norm weights")
+    if head is None:
+        if not getattr(cfg, "tie_word_embeddings", False):
+            raise ValueError(f"{model_dir}: no lm_head.weight and tie_word_embeddings is false")
+        head = emb
+
+    def get(name: str) -> torch.Tensor:
+        with safe_open(str(names[name]), framework="pt") as f:
+            return f.get_tensor(name)
+
+    e = get(emb)
+    return VerifierHead(e, get(norm), e if head == emb else get(head), float(getattr(cfg, "rms_norm_eps", 1e-6)), cfg)

@@ -97,15 +97,126 @@ INPUT_STAGE = {"extract": "generate", "train": "extract", "evaluate": "train"}
 
 
 def stale_reason(run_dir: Path, name: str) -> str | None:
-    """Why the complete stage `name` no longer matches its input (None if it does)."""
+    """Why the complete stage `name` no longer matches its input (None if it does): its input stage completed again
+    after it started. A failed or interrupted attempt of the input stage does not count (its data is unchanged or,
+    resumed, still to be completed)."""
     upstream = INPUT_STAGE.get(name)
     mine = read_manifest(run_dir / name)
     theirs = read_manifest(run_dir / upstream) if upstream else None
-    if not (mine and theirs and mine.get("started_at") and theirs.get("finished_at")):
+    if not (mine and theirs and mine.get("started_at")):
         return None
-    if datetime.fromisoformat(theirs["finished_at"]) > datetime.fromisoformat(mine["started_at"]):
-        return f"{upstream} was re-run after it ({theirs['finished_at']})"
+    completed = theirs.get("completed_at") or (theirs.get("finished_at") if theirs.get("status") == "complete" else None)
+    if completed and datetime.fromisoformat(completed) > datetime.fromisoformat(mine["started_at"]):
+        return f"{upstream} was re-run after it ({completed})"
     return None
+
+
+# Files every attempt writes before any result: a failed attempt with nothing else produced nothing worth keeping.
+BOOKKEEPING = {"manifest.json", "report.html", "generate_key.json", ".writer.lock", "store.json", "index.jsonl",
+               "draft_vocab.safetensors"}
+SCRATCH_DIRS = {".vllm-cache", ".inductor-cache", "vllm-hidden-scratch"}
+
+
+def produced_outputs(stage_dir: Path) -> list[Path]:
+    """Files of a stage folder that are results (shards, checkpoints, metrics, measurements), not bookkeeping."""
+    out = []
+    for p in stage_dir.rglob("*"):
+        if not p.is_file() or SCRATCH_DIRS & set(p.relative_to(stage_dir).parts):
+            continue
+        if p.name in BOOKKEEPING or p.suffix in (".ipynb", ".log") or p.stat().st_size == 0:
+            continue
+        out.append(p)
+    return out
+
+
+class _SetAside:
+    """A stage folder moved out of the way before a from-scratch run (`--force`, or a stale stage): deleted once the
+    new run completes, moved back if the new run fails before producing results of its own, kept (and named) if it
+    failed after producing some. Nothing finished is deleted before its replacement exists."""
+
+    def __init__(self, stage_dir: Path):
+        self.stage_dir = stage_dir
+        self.aside: Path | None = None
+        if stage_dir.exists():
+            self.aside = stage_dir.parent / f".{stage_dir.name}.previous-{time.strftime('%Y%m%d-%H%M%S')}"
+            os.replace(stage_dir, self.aside)
+
+    def completed(self) -> None:
+        if self.aside is not None:
+            shutil.rmtree(self.aside, ignore_errors=True)
+
+    def failed(self) -> str:
+        if self.aside is None:
+            return ""
+        if self.stage_dir.exists() and produced_outputs(self.stage_dir):
+            return f"; the previous outputs are kept in {self.aside}"
+        shutil.rmtree(self.stage_dir, ignore_errors=True)
+        os.replace(self.aside, self.stage_dir)
+        return f"; the previous outputs of {self.stage_dir.name} were restored"
+
+
+def check_run_dir(run_dir: Path) -> None:
+    """The run directory exists (or can be made) and is writable; else a clear error before anything runs."""
+    if run_dir.exists() and not run_dir.is_dir():
+        raise ValueError(f"--run-dir {run_dir}: exists and is not a directory")
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        probe = run_dir / f".write-test-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        raise ValueError(f"--run-dir {run_dir}: cannot write there ({e.strerror or e})") from None
+
+
+SHARED_SERVER_STAGES = ("verifier", "generate")  # consecutive stages that serve the verifier with the same settings
+
+
+class _SharedServer:
+    """One local verifier server for the verifier report and generate when both run in this invocation: a vLLM
+    start-up (a minute or more on CPU) saved. Started before the first, stopped after the last, behind the guard."""
+
+    def __init__(self, prof, run_dir: Path, will_run: list[str]):
+        self.server = None
+        self.last = None
+        vcfg = prof.verifier
+        needs = [s for s in SHARED_SERVER_STAGES if s in will_run]
+        if len(needs) < 2 or vcfg.server_url or not prof.section("verifier_report").serve:
+            return
+        self.last = needs[-1]
+        self.prof, self.log = prof, run_dir / "vllm-verifier.log"
+
+    def before(self, stage: str) -> None:
+        if self.last is None or self.server is not None or stage not in SHARED_SERVER_STAGES:
+            return
+        from eagle3lib.model.verifier import resolve_model
+        from eagle3lib.vllm.server import SHARED_URL_ENV, server_for_verifier
+
+        vcfg = self.prof.verifier
+        t0 = time.time()
+        _say(f"starting one verifier server for {', '.join(SHARED_SERVER_STAGES)} (log: {self.log})")
+        try:
+            self.server = server_for_verifier(vcfg, resolve_model(vcfg.model), self.log).start()
+        except Exception as e:
+            raise StageFailed(f"stage '{stage}' failed: the verifier server did not start: {e}") from None
+        os.environ[SHARED_URL_ENV] = self.server.base_url
+        _say(f"verifier server up in {time.time() - t0:.0f} s at {self.server.base_url}")
+
+    def after(self, stage: str) -> None:
+        if stage == self.last:
+            self.stop()
+
+    def stop(self) -> None:
+        from eagle3lib.vllm.server import SHARED_URL_ENV
+
+        os.environ.pop(SHARED_URL_ENV, None)
+        if self.server is not None:
+            self.server.stop()
+            self.server = None
+
+
+def _will_run(stage: Stage, run_dir: Path, force: bool) -> bool:
+    m = read_manifest(run_dir / stage.name)
+    return force or stage.always_run or not (m and m.get("status") == "complete") or bool(stale_reason(run_dir, stage.name))
 
 
 def run_pipeline(
@@ -117,37 +228,61 @@ def run_pipeline(
 ) -> Path:
     run_dir = Path(run_dir).resolve()
     overrides = overrides or {}
-    selected = [get_stage(s) for s in stages] if stages else existing_stages()
+    selected = [get_stage(s) for s in stages] if stages is not None else existing_stages()
+    if not selected:
+        raise ValueError("--stages: no stage given (stages: " + ", ".join(s.name for s in existing_stages()) + ")")
     missing = [s.name for s in selected if not (NOTEBOOKS_DIR / s.notebook).exists()]
     if missing:
         raise ValueError(f"stage(s) {', '.join(missing)} have no notebook in {NOTEBOOKS_DIR}")
     # Validate every section before anything runs: a typo fails in a second, not after an hour of generation.
     prof = load_profile(profile, overrides)
     profile_arg = str(prof.path)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    check_run_dir(run_dir)
     _say(f"profile {prof.name} ({prof.path}) -> {run_dir}; stages: {', '.join(s.name for s in selected)}")
-    for i, stage in enumerate(selected, 1):
-        expected = stage_params(prof, stage)
-        if force and (run_dir / stage.name).exists():
-            shutil.rmtree(run_dir / stage.name)  # --force means from scratch: resumable stages would otherwise resume
-        m = read_manifest(run_dir / stage.name)
-        stale = stale_reason(run_dir, stage.name)
-        if stale and m and m.get("status") == "complete" and not stage.always_run:
-            _say(f"[{i}/{len(selected)}] {stage.name}: {stale}: running it again from scratch")
-            shutil.rmtree(run_dir / stage.name)
-            m = None
-        if m and m.get("status") == "complete" and not force and not stage.always_run:
-            diffs = _param_diff(m.get("params", {}), expected)
-            note = f" (parameters changed: {'; '.join(diffs)}; use --force to re-run)" if diffs else ""
-            _say(f"[{i}/{len(selected)}] {stage.name}: complete, skipped{note}")
-            continue
-        _say(f"[{i}/{len(selected)}] {stage.name}: running {stage.notebook}")
-        t0 = time.time()
-        try:
-            run_stage(stage, profile_arg, run_dir, overrides, expected)
-        finally:
-            write_index(run_dir)
-        _say(f"[{i}/{len(selected)}] {stage.name}: complete in {time.time() - t0:.0f} s")
+    shared = _SharedServer(prof, run_dir, [s.name for s in selected if _will_run(s, run_dir, force)])
+    try:
+        for i, stage in enumerate(selected, 1):
+            _run_one(i, stage, selected, prof, profile_arg, run_dir, overrides, force, shared)
+    finally:
+        shared.stop()
     index = write_index(run_dir)
     _say(f"done: {index}")
     return index
+
+
+def _run_one(i: int, stage: Stage, selected: list[Stage], prof, profile_arg: str, run_dir: Path,
+             overrides: dict[str, Any], force: bool, shared: _SharedServer) -> None:
+    expected = stage_params(prof, stage)
+    stage_dir = run_dir / stage.name
+    m = read_manifest(stage_dir)
+    stale = stale_reason(run_dir, stage.name)
+    from_scratch = None
+    if stale and m and m.get("status") == "complete" and not stage.always_run and not force:
+        _say(f"[{i}/{len(selected)}] {stage.name}: {stale}: running it again from scratch")
+        from_scratch = _SetAside(stage_dir)
+    elif force:  # from scratch: resumable stages would otherwise resume
+        from_scratch = _SetAside(stage_dir)
+    elif m and m.get("status") == "complete" and not stage.always_run:
+        diffs = _param_diff(m.get("params", {}), expected)
+        note = f" (parameters changed: {'; '.join(diffs)}; use --force to re-run)" if diffs else ""
+        _say(f"[{i}/{len(selected)}] {stage.name}: complete, skipped{note}")
+        return
+    _say(f"[{i}/{len(selected)}] {stage.name}: running {stage.notebook}")
+    t0 = time.time()
+    try:
+        shared.before(stage.name)
+        run_stage(stage, profile_arg, run_dir, overrides, expected)
+        shared.after(stage.name)
+    except StageFailed as e:
+        if from_scratch is not None:
+            raise StageFailed(f"{e}{from_scratch.failed()}") from None
+        raise
+    except BaseException:
+        if from_scratch is not None:
+            _say(f"{stage.name}: interrupted{from_scratch.failed()}")
+        raise
+    finally:
+        write_index(run_dir)
+    if from_scratch is not None:
+        from_scratch.completed()
+    _say(f"[{i}/{len(selected)}] {stage.name}: complete in {time.time() - t0:.0f} s")

@@ -7,7 +7,7 @@ from typing import Any
 import matplotlib.pyplot as plt
 import polars as pl
 
-from eagle3lib.stages.evaluate import METHOD_LABEL, METHODS, comparison_rows
+from eagle3lib.evaluation.results import METHOD_LABEL, METHODS, comparison_rows, gap_sentence
 
 SHORT = {"train_est": "estimate\n(train)", "val_est": "estimate\n(val)", "lib_greedy": "library\ngreedy",
          "lib_sampled": "library\nsampled", "vllm_greedy": "vLLM\ngreedy", "vllm_sampled": "vLLM\nsampled"}
@@ -18,7 +18,7 @@ COLORS = {"train_est": "#9e9e9e", "val_est": "#616161", "lib_greedy": "#1f77b4",
 def comparison_table(results: dict[str, Any]) -> pl.DataFrame:
     """Method | tau | accept_rate_pos_1..K | gap to vLLM greedy: the estimate and both measurements side by side."""
     rows = comparison_rows(results)
-    cols = ["label", "tau", *[f"accept_rate_pos_{i + 1}" for i in range(results["k"])], "gap_vs_vllm_greedy"]
+    cols = ["label", "tau", *[f"accept_rate_pos_{i + 1}" for i in range(results["ttt_steps"])], "gap_vs_vllm_greedy"]
     return pl.DataFrame([{c: r.get(c) for c in cols} for r in rows], schema={c: (pl.Utf8 if c == "label" else pl.Float64)
                                                                               for c in cols}, orient="row")
 
@@ -65,7 +65,7 @@ def plot_comparison(results: dict[str, Any]):
     """Left: acceptance rate per draft position (share of rounds whose first i drafts were all accepted) for every
     method. Right: tau per method, the vLLM greedy measurement as the reference line."""
     rows = {r["method"]: r for r in comparison_rows(results)}
-    k = results["k"]
+    k = results["ttt_steps"]
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
     xs = list(range(1, k + 1))
     for m in METHODS:
@@ -96,3 +96,21 @@ def plot_comparison(results: dict[str, Any]):
     ax2.set(ylabel="acceptance length tau", ylim=(0, k + 1.2), title=title)
     fig.tight_layout()
     return fig
+
+
+def header_markdown(results: dict[str, Any], figures: dict[str, Any]) -> str:
+    """What was measured, and the gap between the training-time estimate and serving, in words."""
+    return (f"K = {results['ttt_steps']} draft tokens per round (drafter trained for {results['ttt_steps_trained']}); {results['prompts']['used']} prompts "
+            f"({results['prompts']['source']}); checkpoint `{results['checkpoint']}`\n\n{gap_sentence(figures)}")
+
+
+def per_prompt_table(results: dict[str, Any]) -> pl.DataFrame | str:
+    """Library measurement per prompt, the prompts where the drafter is accepted least first."""
+    rows = results.get("lib_per_prompt") or []
+    if not rows:
+        return "library not measured"
+    return pl.DataFrame(rows).sort(next(c for c in rows[0] if c.startswith("tau_")))
+
+
+def warnings_markdown(results: dict[str, Any]) -> str:
+    return "\n".join(f"- {w}" for w in results["warnings"]) or "none"

@@ -17,7 +17,6 @@ from __future__ import annotations
 import shutil
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +26,8 @@ from eagle3lib.core.manifest import StageTimer, read_manifest
 from eagle3lib.data.chat_tokens import ChatTokenizer, Tokenized, TokenizeStats
 from eagle3lib.data.datasets import Conversation, DatasetError, load_conversations
 from eagle3lib.data.hidden_store import HiddenSample, HiddenStateWriter, bytes_per_token
-from eagle3lib.model.verifier import BUILTIN_TINY, aux_layer_ids, load_config, load_tokenizer, resolve_model
+from eagle3lib.data.records import ReadStats, iter_generated
+from eagle3lib.model.verifier import BUILTIN_TINY, load_tokenizer, resolve_model, verifier_facts
 
 GIB = 1024**3
 
@@ -47,35 +47,14 @@ def _say(msg: str) -> None:
 # ----------------------------------------------------------------------------------------------------------- input
 
 
-def _generated_fallback(gen_dir: Path) -> Iterator[Conversation]:
-    """The generate stage's ok records, read directly (used only if eagle3lib.stages.generate is not importable)."""
-    from eagle3lib.data.datasets import _normalise_messages
-    from eagle3lib.data.shards import latest_by
-
-    for rid, rec in latest_by(gen_dir).items():
-        if rec.get("status") != "ok":
-            continue
-        try:
-            msgs = _normalise_messages(rec)
-        except ValueError as e:
-            raise DatasetError(f"{gen_dir}: record {rid!r}: {e}") from None
-        extra = {k: v for k, v in rec.items() if k not in ("messages", "id", "category")}
-        yield Conversation(rid, msgs, rec.get("category"), f"{gen_dir}/{rid}", extra)
-
-
 def load_source(source: str, gen_dir: Path | None, max_samples: int | None = None,
-                on_bad_record: str = "error") -> tuple[list[Conversation], str]:
-    """(conversations, description of where they came from)."""
+                on_bad_record: str = "error", read: ReadStats | None = None) -> tuple[list[Conversation], str]:
+    """(conversations, description of where they came from). `read` counts unreadable lines of generate shards."""
     if source == "generate":
         if gen_dir is None or not gen_dir.is_dir() or not any(gen_dir.glob("shard-*.jsonl")):
             raise ExtractError(f"extract.source=generate: no generate output in {gen_dir} (run the generate stage first, "
                                "or set extract.source to a dataset for prefill-only extraction)")
-        try:
-            from eagle3lib.stages.generate import iter_generated
-        except ImportError:
-            convs = list(_generated_fallback(gen_dir))
-        else:
-            convs = list(iter_generated(gen_dir, statuses=("ok",)))
+        convs = list(iter_generated(gen_dir, statuses=("ok",), stats=read))
         desc = f"generate stage ({gen_dir})"
         if max_samples is not None:
             convs = convs[:max_samples]
@@ -103,28 +82,21 @@ def check_disk(out_dir: Path, tokens: int, bpt: int, margin_gib: float) -> dict[
             f"not enough disk for the hidden states: need {need / GIB:,.2f} GiB (+{margin_gib} GiB margin, "
             f"extract.disk_margin_gib) for {tokens:,} tokens at {bpt:,} B/token, but {out_dir} has {free / GIB:,.2f} GiB free. "
             "Free space, point the run directory at a bigger disk, use extract.dtype=float8_e4m3fn (half the bytes), "
-            "or lower extract.max_samples / max_seq_len")
+            "or lower extract.max_samples / max_sample_tokens")
     return {"estimated_bytes": need, "disk_free_bytes": free}
 
 
 # ------------------------------------------------------------------------------------------------------------ main
 
 
-def verifier_facts(model_path: str, vcfg: Any) -> dict[str, Any]:
+def _verifier_facts(model_path: str, vcfg: Any) -> dict[str, Any]:
     try:
-        c = load_config(model_path, vcfg.trust_remote_code)
+        return verifier_facts(model_path, vcfg.trust_remote_code, vcfg.aux_layer_ids)
     except ValueError as e:
         raise ExtractError(str(e)) from None
-    L = int(c.num_hidden_layers)
-    try:
-        ids = aux_layer_ids(vcfg.aux_layer_ids, L)
-    except ValueError as e:
-        raise ExtractError(str(e)) from None
-    return {"num_layers": L, "hidden_size": int(c.hidden_size), "vocab_size": int(c.vocab_size), "aux_layer_ids": ids,
-            "max_position_embeddings": getattr(c, "max_position_embeddings", None)}
 
 
-def run_extract_dirs(cfg: Any, vcfg: Any, out_dir: str | Path, gen_dir: str | Path | None = None,
+def extract(cfg: Any, vcfg: Any, out_dir: str | Path, gen_dir: str | Path | None = None,
                      manifest_params: dict[str, Any] | None = None, hf_model: Any = None,
                      extractor: Any = None) -> dict[str, Any]:
     """The stage without a StageContext: read `cfg.source`, write the store and manifest.json into `out_dir`.
@@ -136,7 +108,7 @@ def run_extract_dirs(cfg: Any, vcfg: Any, out_dir: str | Path, gen_dir: str | Pa
     out_dir.mkdir(parents=True, exist_ok=True)
     timer = StageTimer(out_dir, manifest_params or {"extract": cfg.model_dump(mode="json")})
     model_path = resolve_model(vcfg.model)
-    facts = verifier_facts(model_path, vcfg)
+    facts = _verifier_facts(model_path, vcfg)
     L, H, aux = facts["num_layers"], facts["hidden_size"], facts["aux_layer_ids"]
     try:
         tokenizer = load_tokenizer(model_path, vcfg.trust_remote_code)
@@ -145,8 +117,12 @@ def run_extract_dirs(cfg: Any, vcfg: Any, out_dir: str | Path, gen_dir: str | Pa
 
     # --- tokenize everything first: the disk estimate needs the token count
     t0 = time.time()
-    convs, desc = load_source(cfg.source, Path(gen_dir) if gen_dir else None, cfg.max_samples, cfg.on_bad_record)
-    chat = ChatTokenizer(tokenizer, cfg.max_seq_len, cfg.too_long, cfg.chat_template_kwargs, cfg.end_of_turn or None,
+    read = ReadStats()
+    convs, desc = load_source(cfg.source, Path(gen_dir) if gen_dir else None, cfg.max_samples, cfg.on_bad_record, read)
+    if read.torn_lines:
+        _say(f"{read.torn_lines} unreadable line(s) in the generate shards skipped ({', '.join(read.torn_at)}): a torn "
+             "write; running the generate stage again answers those prompts again")
+    chat = ChatTokenizer(tokenizer, cfg.max_sample_tokens, cfg.too_long, cfg.chat_template_kwargs, cfg.end_of_turn or None,
                          cfg.mask_method)
     tstats = TokenizeStats()
     samples: list[Tokenized] = list(chat(convs, tstats, cfg.on_bad_record))
@@ -164,9 +140,12 @@ def run_extract_dirs(cfg: Any, vcfg: Any, out_dir: str | Path, gen_dir: str | Pa
 
     meta = {"verifier": vcfg.model, "verifier_path": model_path, "num_layers": L, "hidden_size": H,
             "vocab_size": facts["vocab_size"], "aux_layer_ids": aux, "final_layer": "output of decoder layer L-1, before the final norm",
-            "max_seq_len": cfg.max_seq_len}
+            "max_sample_tokens": cfg.max_sample_tokens}
     writer = HiddenStateWriter(out_dir, meta, samples_per_shard=cfg.samples_per_shard, dtype=cfg.dtype,
                                max_shard_bytes=cfg.max_shard_bytes)
+    if writer.damaged:
+        _say(f"{len(writer.damaged)} damaged shard(s) set aside as shards/.damaged-*: {', '.join(writer.damaged)}; "
+             "their samples are extracted again")
     todo = [s for s in samples if s.id not in writer.done_ids]
     resumed = len(samples) - len(todo)
     todo_tokens = sum(len(s) for s in todo)
@@ -219,7 +198,9 @@ def run_extract_dirs(cfg: Any, vcfg: Any, out_dir: str | Path, gen_dir: str | Pa
         "samples_this_run": writer.written_samples,
         "tokens_this_run": this_tokens,
         "resumed_samples": resumed,
-        "max_seq_len": cfg.max_seq_len,
+        "generate_lines_unreadable": read.torn_lines,  # torn generate records skipped (named on the console)
+        "damaged_shards_redone": len(writer.damaged),  # shards set aside on resume, their samples extracted again
+        "max_sample_tokens": cfg.max_sample_tokens,
         "tokenize_s": round(tokenize_s, 2),
         "setup_s": round(wall - loop_s, 2),
         "num_gpus": num_gpus(cfg, vcfg),
@@ -282,7 +263,7 @@ def _extract(cfg, vcfg, model_path, facts, out_dir, todo, todo_tokens, writer, h
         else:
             from eagle3lib.vllm.hidden_states import VLLMExtractor
 
-            ex = VLLMExtractor(model_path, vcfg, aux, facts["num_layers"], out_dir, cfg.max_seq_len,
+            ex = VLLMExtractor(model_path, vcfg, aux, facts["num_layers"], out_dir, cfg.max_sample_tokens,
                                concurrency=cfg.concurrency, request_timeout_s=cfg.request_timeout_s,
                                extra_args=cfg.vllm_args, max_position_embeddings=facts["max_position_embeddings"])
             with ex:
@@ -313,19 +294,6 @@ def hf_compute_dtype(cfg: Any, vcfg: Any) -> str:
     return vcfg.dtype if on_gpu else "float32"
 
 
-def run_extract(ctx) -> dict[str, Any]:
+def run(ctx) -> dict[str, Any]:
     """Notebook / runner entry point: RUN_DIR/extract/ from the profile's `extract` and `verifier` sections."""
-    return run_extract_dirs(ctx.cfg, ctx.verifier, ctx.dir, ctx.stage_dir("generate"), ctx.manifest_params())
-
-
-def sample_summary(out_dir: str | Path, index: int = 0, tokenizer: Any = None) -> dict[str, Any]:
-    """One stored sample for a look: tokens with the loss mask, and per-layer hidden-state norms per token."""
-    from eagle3lib.data.hidden_store import HiddenStateReader
-
-    r = HiddenStateReader(out_dir)
-    s = r[index]
-    names = [f"aux_{k}" for k in r.meta["aux_layer_ids"]] + ["final"]
-    norms = torch.cat([s.aux_hidden.float().norm(dim=-1), s.final_hidden.float().norm(dim=-1, keepdim=True)], dim=1)
-    tokens = tokenizer.convert_ids_to_tokens(s.input_ids.tolist()) if tokenizer is not None else None
-    return {"id": s.sample_id, "input_ids": s.input_ids.tolist(), "tokens": tokens, "loss_mask": s.loss_mask.tolist(),
-            "layer_names": names, "norms": norms.tolist(), "meta": r.meta, "store": repr(r)}
+    return extract(ctx.cfg, ctx.verifier, ctx.dir, ctx.stage_dir("generate"), ctx.manifest_params())

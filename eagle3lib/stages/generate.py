@@ -1,14 +1,10 @@
 """The generate stage: the verifier answers every training prompt, reasoning included, and the answers become the data.
 
 The drafter learns to predict the verifier's own outputs, so each prompt (a conversation up to its last user turn) is
-sent to the verifier's OpenAI-compatible server at high concurrency (`gen_client`), either an endpoint that already
-runs (`verifier.server_url`) or a local vLLM server this stage starts and stops.
+sent to the verifier's OpenAI-compatible server at high concurrency (`eagle3lib.vllm.client`), either an endpoint
+that already runs (`verifier.server_url`) or a local vLLM server this stage starts and stops.
 
-Output: RUN_DIR/generate/shard-NNNNN.jsonl (`shards`), one record per line:
-    {"id", "category", "status": "ok"|"truncated"|"empty"|"failed",
-     "messages": [prompt messages..., {"role": "assistant", "content", "reasoning_content"}],   # assistant turn only
-                                                                                             # when a response came back
-     "finish_reason", "prompt_tokens", "completion_tokens", "error", "attempts", "reasoning_tokens"}
+Output: RUN_DIR/generate/shard-NNNNN.jsonl, one record per prompt and try (`eagle3lib.data.records`: format, readers).
 - ok: a response with reasoning or content that ended by itself; truncated: cut off by max_tokens (finish_reason
   "length"); empty: ended with neither reasoning nor content; failed: no response (HTTP 4xx with the server's message,
   or retries exhausted). Only "ok" is training data by default (`iter_generated`).
@@ -17,7 +13,7 @@ Output: RUN_DIR/generate/shard-NNNNN.jsonl (`shards`), one record per line:
   latest record per id wins, so readers see every prompt exactly once. A torn last line (kill -9 mid-write) is ignored
   by readers and truncated by the next writer. Records made with other settings (dataset, sampling, model) are never
   mixed in: the folder's `generate_key.json` must match, or the stage refuses to resume. One writer at a time: a
-  second run on the same folder stops at once (`shards.ShardsLocked`).
+  second run on the same folder stops at once (`records.ShardsLocked`).
 - A local server that dies mid-run is restarted (`generate.server_restarts` times) while the requests retry.
 """
 
@@ -27,10 +23,9 @@ import asyncio
 import hashlib
 import json
 import sys
-import threading
 import time
 from collections import deque
-from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,16 +33,15 @@ from typing import Any
 import httpx
 from tqdm import tqdm
 
+from eagle3lib.core.async_run import run_coroutine
 from eagle3lib.core.atomic import write_json_atomic
 from eagle3lib.core.manifest import StageTimer, read_manifest, update_manifest
 from eagle3lib.data.datasets import Conversation, DatasetError, LoadStats, load_conversations, resolve_path
-from eagle3lib.data.shards import ReadStats, ShardWriter, iter_records, list_shards
-from eagle3lib.vllm.chat_api import ChatResult, chat_payload
-from eagle3lib.vllm.client import RetryPolicy, chat_with_retries, make_http_client
-from eagle3lib.vllm.server import Endpoint, ServerError, VLLMServer, discover_model
+from eagle3lib.data.records import FINAL_STATUSES, STATUSES, ReadStats, ShardWriter, latest_records, list_shards
+from eagle3lib.vllm.client import ChatResult, RetryPolicy, chat_payload, chat_with_retries
+from eagle3lib.vllm.endpoint import Endpoint, ServerError, http_client, verifier_endpoint
+from eagle3lib.vllm.server import VLLMServer, verifier_endpoint_for_stage
 
-STATUSES = ("ok", "truncated", "empty", "failed")
-FINAL_STATUSES = ("ok", "truncated", "empty")  # outcomes of the model itself: asking again gives the same kind of answer
 KEY_FILE = "generate_key.json"
 # What decides which prompts, in which order, and how they are answered. Everything else may change between runs,
 # max_samples included: the order does not depend on it, so raising it extends a run with more prompts.
@@ -123,33 +117,6 @@ def make_record(conv: Conversation, result: ChatResult | None, error: str | None
         "attempts": attempts,
         "reasoning_tokens": reasoning_tokens,  # the server's count (vLLM with a reasoning parser), else null
     }
-
-
-def latest_records(gen_dir: str | Path, stats: ReadStats | None = None) -> dict[str, tuple[dict[str, Any], str]]:
-    """id -> (its latest record, "shard-NNNNN.jsonl:line"), in order of first appearance; torn lines ignored."""
-    out: dict[str, tuple[dict[str, Any], str]] = {}
-    for path, line, rec in iter_records(gen_dir, stats):
-        if isinstance(rec.get("id"), str):
-            out[rec["id"]] = (rec, f"{path.name}:{line}")
-    return out
-
-
-def iter_generated(gen_dir: str | Path, statuses: Iterable[str] | None = ("ok",)) -> Iterator[Conversation]:
-    """The generated conversations (prompt + the verifier's assistant turn with `reasoning_content`), one per prompt id.
-
-    Records are de-duplicated by id (the latest wins: a retried failure replaces its first try), torn lines ignored.
-    `statuses=None` yields every status; a failed record has no assistant turn. `extra` holds status, finish_reason,
-    prompt_tokens, completion_tokens, attempts and error; `source` is "shard-NNNNN.jsonl:line".
-    """
-    wanted = None if statuses is None else set(statuses)
-    if wanted is not None and (unknown := wanted - set(STATUSES)):
-        raise ValueError(f"unknown status(es) {sorted(unknown)}; statuses are {STATUSES}")
-    for rec, source in latest_records(gen_dir).values():
-        if wanted is not None and rec.get("status") not in wanted:
-            continue
-        extra = {k: rec.get(k) for k in ("status", "finish_reason", "prompt_tokens", "completion_tokens", "reasoning_tokens",
-                                         "attempts", "error")}
-        yield Conversation(rec["id"], rec.get("messages") or [], rec.get("category"), f"{Path(gen_dir) / source}", extra)
 
 
 # --------------------------------------------------------------------------------------------------------- run key
@@ -287,7 +254,7 @@ async def _answer_all(pending: list[Conversation], endpoint: Endpoint, cfg, writ
                     await asyncio.wait([restart])
                     raise
 
-    http = make_http_client(endpoint, cfg.concurrency, cfg.request_timeout_s, cfg.connect_timeout_s)
+    http = http_client(endpoint, cfg.concurrency, cfg.request_timeout_s, cfg.connect_timeout_s, asynchronous=True)
     try:
         async with http:
             workers = [asyncio.create_task(worker(http)) for _ in range(min(cfg.concurrency, len(pending)))]
@@ -309,43 +276,6 @@ async def _answer_all(pending: list[Conversation], endpoint: Endpoint, cfg, writ
     return time.monotonic() - t0
 
 
-def run_coroutine(coro):
-    """asyncio.run, also from inside a running event loop (a Jupyter kernel has one): then in a thread of its own.
-
-    An interrupt of the waiting thread (Jupyter's stop button) cancels the coroutine and waits for it to unwind, so the
-    shard writer is closed and no request is left running.
-    """
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(coro)
-    loop = asyncio.new_event_loop()
-    task = loop.create_task(coro)
-    out: dict[str, Any] = {}
-
-    def target() -> None:
-        try:
-            out["value"] = loop.run_until_complete(task)
-        except BaseException as e:  # re-raised in the calling thread
-            out["error"] = e
-        finally:
-            loop.run_until_complete(loop.shutdown_asyncgens())
-            loop.close()
-
-    thread = threading.Thread(target=target, name="generate-client", daemon=True)
-    thread.start()
-    try:
-        while thread.is_alive():
-            thread.join(0.5)
-    except BaseException:
-        loop.call_soon_threadsafe(task.cancel)
-        thread.join()
-        raise
-    if "error" in out:
-        raise out["error"]
-    return out["value"]
-
-
 def request_payload(model: str, conv: Conversation, cfg) -> dict[str, Any]:
     seed = None
     if cfg.request_seed:
@@ -356,30 +286,6 @@ def request_payload(model: str, conv: Conversation, cfg) -> dict[str, Any]:
         payload.pop("max_tokens")  # the server's default: the rest of the context
     payload.update(cfg.extra_body)
     return payload
-
-
-def connect_endpoint(verifier_cfg, connect_timeout_s: float, model: str | None = None, base_url: str | None = None,
-                     local: bool = False) -> Endpoint:
-    """An Endpoint for a running server (`verifier.server_url`), checked now: unreachable fails within the connect timeout.
-
-    The model name is `model`, else `verifier.served_model_name`, else the server's first model. `local`: a server this
-    stage started (no API key).
-    """
-    url = (base_url or verifier_cfg.server_url).rstrip("/")
-    url = url[: -len("/v1")] if url.endswith("/v1") else url
-    endpoint = Endpoint(url, model or verifier_cfg.served_model_name or "", None if local else verifier_cfg.api_key_env)
-    headers = endpoint.headers()
-    try:
-        r = httpx.get(f"{url}/v1/models", headers=headers,
-                      timeout=httpx.Timeout(60.0, connect=connect_timeout_s))
-    except httpx.HTTPError as e:
-        raise ServerError(f"cannot reach the verifier server at {url} (connect timeout {connect_timeout_s:g} s): "
-                          f"{type(e).__name__}: {e}") from e
-    if r.status_code != 200:
-        raise ServerError(f"{url}/v1/models answered HTTP {r.status_code}: {r.text[:300]}")
-    if not endpoint.model:
-        endpoint.model = discover_model(url, headers, connect_timeout_s)
-    return endpoint
 
 
 def _strip_secrets(url: str) -> str:
@@ -396,6 +302,10 @@ def generate(cfg, verifier_cfg, out_dir: str | Path, *, manifest_params: dict[st
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     prompts = load_prompts(cfg)  # bad input fails here, before a server is started
+    if not prompts.items and not cfg.allow_empty:
+        raise DatasetError(f"generate.dataset {cfg.dataset}: no prompt to answer ({prompts.load.records} records, "
+                           f"{prompts.skipped_no_user_turn} without a user turn, {prompts.load.bad_records} bad); "
+                           "set generate.allow_empty: true if that is intended")
     # The writer locks the folder (a second run on the same folder would duplicate work) and cuts a torn tail.
     with ShardWriter(out_dir, cfg.shard_records, cfg.fsync_interval_s) as writer:
         check_run_key(out_dir, run_key(cfg, verifier_cfg))
@@ -411,15 +321,11 @@ def generate(cfg, verifier_cfg, out_dir: str | Path, *, manifest_params: dict[st
         wall = 0.0
         try:
             if pending:
-                endpoint, server = _open_server(cfg, verifier_cfg, out_dir, server_url, figures)
-                try:
+                with _server(cfg, verifier_cfg, out_dir, server_url, figures) as (endpoint, server):
                     figures["server_model"] = endpoint.model
                     figures["server_version"] = endpoint.info().get("server_version")
                     figures["server_url"] = _strip_secrets(endpoint.base_url)
                     wall = run_coroutine(_answer_all(pending, endpoint, cfg, writer, stats, server, cfg.server_restarts))
-                finally:
-                    if server is not None:
-                        server.stop()
         except BaseException as e:
             writer.sync()
             if stats.generated:
@@ -443,27 +349,20 @@ def generate(cfg, verifier_cfg, out_dir: str | Path, *, manifest_params: dict[st
     return {"figures": figures, "outputs": {"shards": shards}}
 
 
-def _open_server(cfg, verifier_cfg, out_dir: Path, server_url: str | None,
-                 figures: dict[str, Any]) -> tuple[Endpoint, VLLMServer | None]:
-    """(endpoint, the local server this stage started or None): `server_url`/`verifier.server_url`, else a local vLLM."""
+@contextmanager
+def _server(cfg, verifier_cfg, out_dir: Path, server_url: str | None, figures: dict[str, Any]):
+    """(endpoint, the local server this stage started or None): `server_url` / `verifier.server_url` (remote), the
+    runner's shared server, or a local vLLM started for this stage."""
     url = server_url or verifier_cfg.server_url
     if url:
         figures["server_mode"] = "remote"
-        return connect_endpoint(verifier_cfg, cfg.connect_timeout_s, base_url=url), None
+        yield verifier_endpoint(verifier_cfg, cfg.connect_timeout_s, base_url=url), None
+        return
     from eagle3lib.model.verifier import resolve_model
-    from eagle3lib.vllm.server import server_for_verifier
 
-    server = server_for_verifier(verifier_cfg, resolve_model(verifier_cfg.model), out_dir / "vllm.log")
-    t0 = time.monotonic()
-    server.start()  # waits for /health; on failure raises with the log tail
-    figures["server_mode"] = "local"
-    figures["server_start_s"] = round(time.monotonic() - t0, 1)
-    try:
-        return connect_endpoint(verifier_cfg, cfg.connect_timeout_s, model=server.endpoint().model,
-                                base_url=server.base_url, local=True), server
-    except BaseException:
-        server.stop()
-        raise
+    with verifier_endpoint_for_stage(verifier_cfg, resolve_model(verifier_cfg.model), out_dir / "vllm.log",
+                                     figures) as pair:
+        yield pair
 
 
 def _run_figures(stats: RunStats, wall: float) -> dict[str, Any]:
@@ -488,43 +387,6 @@ def _print_summary(f: dict[str, Any], stats: RunStats) -> None:
               f"{f['concurrency']} ({stats.retries} retries)")
 
 
-def run_generate(ctx, server_url: str | None = None) -> dict[str, Any]:
+def run(ctx, server_url: str | None = None) -> dict[str, Any]:
     """Stage entry point (the notebook's one call)."""
     return generate(ctx.cfg, ctx.verifier, ctx.dir, manifest_params=ctx.manifest_params(), server_url=server_url)
-
-
-# ------------------------------------------------------------------------------------------------------ for reports
-
-
-def length_table(gen_dir: str | Path, tokenizer=None, statuses: Iterable[str] | None = None, limit: int | None = None):
-    """polars DataFrame, one row per prompt: status, category, token counts of the prompt, the reasoning and the content.
-
-    With a tokenizer (the verifier's), reasoning and content are counted exactly; without one, completion_tokens is
-    split by their share of characters (`*_est` columns).
-    """
-    import polars as pl
-
-    rows = []
-    for conv in iter_generated(gen_dir, statuses):
-        last = conv.messages[-1] if conv.messages and conv.messages[-1].get("role") == "assistant" else {}
-        rows.append({"id": conv.id, "category": conv.category, "status": conv.extra["status"],
-                     "finish_reason": conv.extra["finish_reason"], "prompt_tokens": conv.extra["prompt_tokens"],
-                     "completion_tokens": conv.extra["completion_tokens"],
-                     "reasoning": last.get("reasoning_content") or "", "content": last.get("content") or ""})
-        if limit is not None and len(rows) >= limit:
-            break
-    df = pl.DataFrame(rows, schema={"id": pl.String, "category": pl.String, "status": pl.String,
-                                    "finish_reason": pl.String, "prompt_tokens": pl.Int64, "completion_tokens": pl.Int64,
-                                    "reasoning": pl.String, "content": pl.String})
-    if tokenizer is not None:
-        def count(texts: list[str]) -> list[int]:
-            return [len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]] if texts else []
-
-        df = df.with_columns(pl.Series("reasoning_tokens", count(df["reasoning"].to_list()), dtype=pl.Int64),
-                             pl.Series("content_tokens", count(df["content"].to_list()), dtype=pl.Int64))
-    else:
-        chars = (df["reasoning"].str.len_chars() + df["content"].str.len_chars()).cast(pl.Float64)
-        share = (df["reasoning"].str.len_chars().cast(pl.Float64) / chars).fill_nan(0.0)
-        df = df.with_columns((share * df["completion_tokens"]).round().cast(pl.Int64).alias("reasoning_tokens_est"),
-                             ((1 - share) * df["completion_tokens"]).round().cast(pl.Int64).alias("content_tokens_est"))
-    return df.drop("reasoning", "content")

@@ -14,8 +14,8 @@ from typing import Any
 from eagle3lib.core.manifest import StageTimer
 from eagle3lib.core.paths import ASSETS_DIR
 from eagle3lib.model.verifier import BUILTIN_TINY, aux_layer_ids, load_config, resolve_model
-from eagle3lib.vllm.chat_api import chat_once
-from eagle3lib.vllm.server import server_for_verifier
+from eagle3lib.vllm.client import chat_once
+from eagle3lib.vllm.server import verifier_endpoint_for_stage
 
 HELDOUT_PROMPTS = ASSETS_DIR / "prompts" / "heldout.jsonl"
 
@@ -50,7 +50,7 @@ def sample_answers(endpoint, prompts: list[dict], cfg) -> list[dict]:
     return rows
 
 
-def run_verifier_report(ctx) -> dict[str, Any]:
+def run(ctx) -> dict[str, Any]:
     cfg, vcfg = ctx.cfg, ctx.verifier
     timer = StageTimer(ctx.dir, ctx.manifest_params())
     t0 = time.time()
@@ -60,10 +60,7 @@ def run_verifier_report(ctx) -> dict[str, Any]:
     answers: list[dict] = []
     if cfg.serve and cfg.n_prompts > 0:
         prompts = [json.loads(line) for line in HELDOUT_PROMPTS.read_text().splitlines()[: cfg.n_prompts]]
-        t1 = time.time()
-        with server_for_verifier(vcfg, model_path, ctx.dir / "vllm.log") as server:
-            figures["server_start_seconds"] = round(time.time() - t1, 1)
-            endpoint = server.endpoint()
+        with verifier_endpoint_for_stage(vcfg, model_path, ctx.dir / "vllm.log", figures) as (endpoint, _):
             figures.update({f"server_{k}": v for k, v in endpoint.info().items() if k != "base_url"})
             answers = sample_answers(endpoint, prompts, cfg)
         (ctx.dir / "answers.jsonl").write_text("".join(json.dumps(a) + "\n" for a in answers))

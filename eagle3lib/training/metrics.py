@@ -1,4 +1,4 @@
-"""Training metrics: RUN_DIR/train/metrics.jsonl (one JSON record per logging step, rank 0 only), cross-rank reductions.
+"""Training metrics: RUN_DIR/train/metrics.jsonl, one JSON record per logging step (rank 0 only, reduced over ranks).
 
 Record schema (the learning-curves notebook reads it):
   train: {"kind": "train", "step", "total_steps", "epoch" (float), "tokens_seen", "samples_seen", "lr", "loss",
@@ -65,6 +65,14 @@ class MetricsWriter:
             os.fsync(f.fileno())
 
 
+def ordered_record(rec: dict[str, Any], K: int) -> dict[str, Any]:
+    """A train record with its keys in the schema's order (the file reads the same for every run)."""
+    keys = ["kind", "step", "total_steps", "epoch", "tokens_seen", "samples_seen", "lr", "loss"]
+    keys += [f"loss_{k}" for k in range(K)] + [f"full_acc_{k}" for k in range(K)] + [f"cond_acc_{k}" for k in range(K)]
+    keys += ["tau_est", "tokens_per_s", "samples_per_s", "grad_norm", "peak_mem_mb", "time", "elapsed_s"]
+    return {k: rec[k] for k in keys}
+
+
 def console_line(rec: dict[str, Any], K: int) -> str:
     if rec["kind"] == "val":
         accs = " ".join(f"{rec[f'full_acc_{k}']:.3f}" for k in range(K))
@@ -81,12 +89,3 @@ def peak_mem_mb(device: torch.device) -> float:
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**20
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
-
-
-def all_reduce_(t: torch.Tensor, op: str = "sum") -> torch.Tensor:
-    """In-place all-reduce when torch.distributed is initialised (a no-op in a single process)."""
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        dist.all_reduce(t, op={"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}[op])
-    return t

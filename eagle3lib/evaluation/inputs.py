@@ -1,0 +1,133 @@
+"""What an evaluation measures: the drafter checkpoint (checked against the verifier before anything loads) and the
+prompts, balanced over categories and rendered once to token ids with the chat template."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+from eagle3lib.core.manifest import read_manifest
+from eagle3lib.data.datasets import DatasetError, load_conversations
+from eagle3lib.vllm.measure import EvalPrompt
+
+
+class EvaluateError(ValueError):
+    """Bad input (checkpoint, prompts, server); the message names the file, key or URL."""
+
+
+def resolve_checkpoint(cfg, train_dir: Path) -> tuple[Path, dict[str, Any] | None, list[str]]:
+    """(checkpoint folder, the train manifest when its estimates belong to that checkpoint, warnings)."""
+    notes: list[str] = []
+    train_m = read_manifest(train_dir)
+    train_ckpt = None
+    if train_m and train_m.get("status") == "complete" and (train_m.get("outputs") or {}).get("checkpoint"):
+        train_ckpt = (train_dir / train_m["outputs"]["checkpoint"]).resolve()
+    if cfg.checkpoint:
+        ckpt = Path(cfg.checkpoint).expanduser().resolve()
+        if train_ckpt is None or ckpt != train_ckpt:
+            notes.append(f"evaluate.checkpoint {ckpt} is not this run's train output: no training-time estimate")
+            train_m = None
+    else:
+        if train_ckpt is None:
+            where = train_dir / "manifest.json"
+            raise EvaluateError(f"{where}: no complete train stage with outputs.checkpoint (run the train stage first, "
+                                "or set evaluate.checkpoint to a drafter folder)")
+        ckpt = train_ckpt
+    if not (ckpt / "config.json").exists():
+        raise EvaluateError(f"{ckpt}: no config.json (evaluate.checkpoint must be a drafter checkpoint folder)")
+    return ckpt, train_m, notes
+
+
+def check_drafter(ckpt: Path, dcfg, vconf, model_path: str) -> None:
+    """A drafter trained for another verifier fails here, before anything is loaded or served."""
+    where = ckpt / "config.json"
+    problems = []
+    if int(dcfg.hidden_size) != int(vconf.hidden_size):
+        problems.append(f"transformer_layer_config.hidden_size {dcfg.hidden_size} != the verifier's hidden_size "
+                        f"{vconf.hidden_size}")
+    if int(dcfg.vocab_size) != int(vconf.vocab_size):
+        problems.append(f"transformer_layer_config.vocab_size {dcfg.vocab_size} != the verifier's vocab_size "
+                        f"{vconf.vocab_size}")
+    L = int(vconf.num_hidden_layers)
+    ids = list(dcfg.aux_layer_ids)
+    if len(ids) != 3 or any(not 0 <= i < L for i in ids):
+        problems.append(f"eagle_aux_hidden_state_layer_ids {ids} do not fit a verifier with {L} layers (3 ids in 0..{L - 1})")
+    if int(dcfg.draft_vocab_size) > int(vconf.vocab_size):
+        problems.append(f"draft_vocab_size {dcfg.draft_vocab_size} > the verifier's vocab_size {vconf.vocab_size}")
+    if problems:
+        raise EvaluateError(f"{where}: this drafter was trained for a different verifier than {model_path} "
+                            f"({'; '.join(problems)})")
+
+
+def eos_ids(tokenizer, model_path: str) -> list[int]:
+    """The tokenizer's EOS plus the generation config's eos_token_id (vLLM stops on both)."""
+    ids = set()
+    if tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    try:
+        from transformers import GenerationConfig
+
+        e = GenerationConfig.from_pretrained(model_path).eos_token_id
+    except Exception:  # no generation_config.json: the tokenizer's EOS only
+        e = None
+    ids.update([int(x) for x in e] if isinstance(e, list) else [int(e)] if e is not None else [])
+    return sorted(ids)
+
+
+def prompt_hash(messages: list[dict[str, Any]]) -> str:
+    return hashlib.sha1(json.dumps(messages, sort_keys=True).encode()).hexdigest()
+
+
+def select_prompts(cfg, tokenizer, max_model_len: int, k: int) -> tuple[list[EvalPrompt], dict[str, Any], set[str]]:
+    """Prompts balanced over categories (equal shares, leftovers filled in order), seeded; rendered to token ids."""
+
+    try:
+        convs = load_conversations(cfg.prompts)
+    except DatasetError as e:
+        raise EvaluateError(f"evaluate.prompts: {e}") from None
+    rng = random.Random(cfg.seed)
+    by_cat: dict[str, list] = {}
+    for c in convs:
+        if c.prompt() is not None:
+            by_cat.setdefault(c.category or "all", []).append(c)
+    if not by_cat:
+        raise EvaluateError(f"evaluate.prompts: {cfg.prompts} has no conversation with a user turn")
+    for v in by_cat.values():
+        rng.shuffle(v)
+    n = cfg.n_prompts or sum(len(v) for v in by_cat.values())
+    chosen: list = []
+    queues = [list(v) for _, v in sorted(by_cat.items())]
+    while len(chosen) < n and any(queues):
+        for q in queues:
+            if q and len(chosen) < n:
+                chosen.append(q.pop(0))
+    out, too_long, hashes = [], 0, set()
+    for c in chosen:
+        ids = tokenizer.apply_chat_template(c.prompt(), add_generation_prompt=True, tokenize=True, return_dict=True,
+                                            **cfg.chat_template_kwargs)["input_ids"]
+        if len(ids) + cfg.max_tokens + k + 1 > max_model_len:
+            too_long += 1
+            continue
+        out.append(EvalPrompt(str(c.id), str(c.category or "all"), [int(x) for x in ids]))
+        hashes.add(prompt_hash(c.prompt()))
+    if not out:
+        raise EvaluateError(f"evaluate.prompts: no prompt of {cfg.prompts} fits verifier.max_model_len={max_model_len} "
+                            f"with max_tokens={cfg.max_tokens}")
+    stats = {"available": len(convs), "too_long": too_long,
+             "per_category": {cat: sum(p.category == cat for p in out) for cat in sorted({p.category for p in out})}}
+    return out, stats, hashes
+
+
+def prompts_in_training(ctx, hashes: set[str]) -> int | None:
+    """How many evaluation prompts are also prompts of the generate stage's dataset (None when it cannot be read)."""
+
+    try:
+        gen = ctx.profile.section("generate")
+        convs = load_conversations(gen.dataset, on_bad_record="skip")
+    except Exception:
+        return None
+    train = {prompt_hash(c.prompt()) for c in convs if c.prompt() is not None}
+    return len(hashes & train)

@@ -1,0 +1,65 @@
+"""What the extract stage's notebook shows: the disk a store needs, one stored sample's tokens and hidden-state norms."""
+
+from __future__ import annotations
+
+import html
+from pathlib import Path
+from typing import Any
+
+import matplotlib.pyplot as plt
+import numpy as np
+import polars as pl
+import torch
+
+from eagle3lib.data.hidden_store import HiddenStateReader, bytes_per_token
+
+GIB = 2**30
+
+
+def sample_summary(out_dir: str | Path, index: int = 0, tokenizer: Any = None) -> dict[str, Any]:
+    """One stored sample for a look: tokens with the loss mask, and per-layer hidden-state norms per token."""
+    r = HiddenStateReader(out_dir)
+    s = r[index]
+    names = [f"aux_{k}" for k in r.meta["aux_layer_ids"]] + ["final"]
+    norms = torch.cat([s.aux_hidden.float().norm(dim=-1), s.final_hidden.float().norm(dim=-1, keepdim=True)], dim=1)
+    tokens = tokenizer.convert_ids_to_tokens(s.input_ids.tolist()) if tokenizer is not None else None
+    return {"id": s.sample_id, "input_ids": s.input_ids.tolist(), "tokens": tokens, "loss_mask": s.loss_mask.tolist(),
+            "layer_names": names, "norms": norms.tolist(), "meta": r.meta, "store": repr(r)}
+
+
+def disk_table(hidden_size: int, max_sample_tokens: int) -> pl.DataFrame:
+    """Bytes per token and GiB at scale for both stored precisions: (3 aux + final) x hidden x bytes, plus id and mask
+    (fp8 adds per-token scales). The stage re-checks with the exact token count before it writes."""
+    rows = []
+    for dtype in ("bfloat16", "float8_e4m3fn"):
+        bpt = bytes_per_token(hidden_size, dtype)
+        rows.append({"dtype": dtype, "bytes_per_token": bpt, "GiB_per_1M_tokens": round(bpt * 1e6 / GIB, 2),
+                     "GiB_per_1k_samples_at_max_len": round(bpt * max_sample_tokens * 1e3 / GIB, 2)})
+    return pl.DataFrame(rows)
+
+
+def tokens_html(summary: dict[str, Any], tokenizer: Any, limit: int = 600) -> str:
+    """The sample's first `limit` tokens, assistant (loss-masked) tokens highlighted, token boundaries marked."""
+    spans = []
+    for t, m in zip(summary["tokens"][:limit], summary["loss_mask"][:limit], strict=True):
+        text = html.escape(tokenizer.convert_tokens_to_string([t])).replace("\n", "⏎<br>")
+        style = "background:#cfe3ff;" if m else "color:#777;"
+        spans.append(f'<span style="{style}border-right:1px solid #ddd">{text}</span>')
+    return (f"<p><code>{html.escape(summary['id'])}</code>: {len(summary['tokens'])} tokens, "
+            f"{sum(summary['loss_mask'])} in the loss mask (highlighted)</p>"
+            f"<div style='font-family:monospace;font-size:12px;line-height:1.6'>{''.join(spans)}</div>")
+
+
+def norms_plot(summary: dict[str, Any]):
+    """L2 norm of each captured hidden state per token, the loss mask shaded."""
+    norms = np.array(summary["norms"])
+    fig, ax = plt.subplots(figsize=(9, 3))
+    for j, name in enumerate(summary["layer_names"]):
+        ax.plot(norms[:, j], label=name, lw=1)
+    mask = np.array(summary["loss_mask"])
+    ax.fill_between(range(len(mask)), 0, norms.max() * 1.05, where=mask, color="gray", alpha=0.15, step="mid",
+                    label="loss mask")
+    ax.set(xlabel="token position", ylabel="L2 norm", yscale="log",
+           title=f"hidden-state norms per layer, sample {summary['id']}")
+    ax.legend(fontsize=8, ncol=5)
+    return fig

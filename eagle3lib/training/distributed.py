@@ -1,0 +1,123 @@
+"""torch.distributed for the training loop: the process group, DDP or FSDP2 wrapping, full state dicts for checkpoints.
+
+One process (no WORLD_SIZE) runs the same code with every helper a no-op. Under torchrun the group is gloo on CPU and
+nccl on GPUs. Checkpoints gather full (unsharded) state dicts on CPU, so a checkpoint written by N processes loads in
+any number of them, and the saved file is the same as a single process would write.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
+from typing import Any
+
+import torch
+
+
+def group():
+    """The default process group's module, or None when this process runs alone."""
+    import torch.distributed as dist
+
+    return dist if dist.is_available() and dist.is_initialized() else None
+
+
+def rank() -> int:
+    d = group()
+    return d.get_rank() if d else 0
+
+
+def world() -> int:
+    d = group()
+    return d.get_world_size() if d else 1
+
+
+def barrier() -> None:
+    d = group()
+    if d:
+        d.barrier()
+
+
+def all_reduce_(t: torch.Tensor, op: str = "sum") -> torch.Tensor:
+    """In-place all-reduce when torch.distributed is initialised (a no-op in a single process)."""
+    d = group()
+    if d and d.get_world_size() > 1:
+        d.all_reduce(t, op={"sum": d.ReduceOp.SUM, "max": d.ReduceOp.MAX}[op])
+    return t
+
+
+@contextmanager
+def process_group(device: torch.device) -> Iterator[None]:
+    """Join torchrun's group for the duration (when WORLD_SIZE > 1 and no group exists yet)."""
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or group() is not None:
+        yield
+        return
+    import torch.distributed as dist
+
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    if backend == "nccl":
+        torch.cuda.set_device(device)
+    dist.init_process_group(backend=backend)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def wrap(module: torch.nn.Module, layers: torch.nn.ModuleList, strategy: str, device: torch.device) -> torch.nn.Module:
+    """DDP (gradients averaged), or FSDP2 `fully_shard` per decoder layer + root; unchanged in a single process."""
+    if world() == 1:
+        return module
+    if strategy == "ddp":
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        return DDP(module, device_ids=[device.index] if device.type == "cuda" else None, broadcast_buffers=False)
+    from torch.distributed.fsdp import fully_shard
+
+    for layer in layers:
+        fully_shard(layer)
+    fully_shard(module)
+    return module
+
+
+def no_sync(module: torch.nn.Module, strategy: str, last: bool):
+    """Skip the gradient all-reduce on all but the last micro-batch of a step."""
+    if world() == 1 or last:
+        return nullcontext()
+    if strategy == "ddp":
+        return module.no_sync()
+    return _fsdp_no_sync(module)
+
+
+@contextmanager
+def _fsdp_no_sync(module) -> Iterator[None]:
+    module.set_requires_gradient_sync(False)
+    try:
+        yield
+    finally:
+        module.set_requires_gradient_sync(True)
+
+
+def _full_cpu(**kw):
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(full_state_dict=True, cpu_offload=True, **kw)
+
+
+def model_state(module) -> dict[str, torch.Tensor]:
+    """Full model state dict on CPU (every rank takes part; FSDP gathers the shards)."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    return get_model_state_dict(module, options=_full_cpu())
+
+
+def optimizer_state(module, opt) -> dict[str, Any]:
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+    return get_optimizer_state_dict(module, opt, options=_full_cpu())
+
+
+def load_optimizer_state(module, opt, state) -> None:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+    set_optimizer_state_dict(module, opt, state, options=StateDictOptions(full_state_dict=True))

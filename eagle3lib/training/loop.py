@@ -1,0 +1,498 @@
+"""The training loop: the EAGLE-3 drafter on the extract stage's hidden states, in one process or as one torchrun rank.
+
+    train(ctx)   builds a `Trainer` (inputs checked, draft vocabulary, drafter, optimizer, data plan) and runs it.
+
+Outputs in RUN_DIR/train/: metrics.jsonl, draft_vocab.safetensors, checkpoints/step_NNNNNNNN/ (with resume state),
+final/ (the vLLM-loadable checkpoint), manifest.json. Rank 0 writes everything; metrics are reduced across ranks.
+
+Distributed (eagle3lib/training/distributed.py): DDP, gradients averaged; the loss is scaled by the world size and
+normalised by the counted positions of the whole global batch, so 1 and N processes take the same step. Or FSDP2.
+Resume restores weights, optimizer, schedule, data position (the plan is deterministic), RNG and the open logging
+window; SIGTERM saves a checkpoint at the next step boundary and exits cleanly; a non-finite loss stops before the
+optimizer step and keeps the last good checkpoint.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import signal
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import nullcontext
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from eagle3lib.core.manifest import StageTimer, now_iso, update_manifest
+from eagle3lib.data.hidden_store import HiddenStateReader, StoreError
+from eagle3lib.data.packing import collate, deal, make_plan, row_tokens, split_samples, val_rows
+from eagle3lib.model.checkpoint import (
+    CheckpointError,
+    check_compatible,
+    checkpoint_dir,
+    list_checkpoints,
+    load_state,
+    load_training_state,
+    prune_checkpoints,
+    save_drafter,
+)
+from eagle3lib.model.draft_vocab import DraftVocab, build_draft_vocab, count_loss_tokens
+from eagle3lib.model.drafter import Eagle3Drafter, count_parameters, drafter_config_from, init_from_verifier
+from eagle3lib.model.ttt import STAT_KEYS, TTTModel, counted_per_step, summarize
+from eagle3lib.model.verifier import aux_layer_ids, load_config, load_verifier_head, resolve_model
+from eagle3lib.training import distributed as dist
+from eagle3lib.training.metrics import MetricsWriter, console_line, ordered_record, peak_mem_mb, read_metrics
+from eagle3lib.training.setup import (
+    TrainingDiverged,
+    TrainingError,
+    TrainingInterrupted,
+    check_store,
+    pick_device,
+    select_kernels,
+)
+
+
+def log(msg: str) -> None:
+    if dist.rank() == 0:
+        try:
+            print(f"[train {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+        except OSError:  # whoever read our console is gone (a killed notebook kernel): the run and its files go on
+            sys.stdout = open(os.devnull, "w")
+
+
+def lr_at(step: int, cfg, total_steps: int) -> float:
+    """Linear warmup over warmup_steps, then cosine decay to lr * min_lr_ratio at the last step."""
+    if step < cfg.warmup_steps:
+        return cfg.lr * (step + 1) / cfg.warmup_steps
+    p = (step - cfg.warmup_steps) / max(1, total_steps - cfg.warmup_steps)
+    return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(p, 1.0))))
+
+
+@dataclass
+class Progress:
+    """What the run has done so far: saved in every checkpoint, so a resumed run continues the same counts."""
+
+    step: int = 0  # optimizer steps taken
+    tokens_seen: int = 0
+    samples_seen: int = 0
+    elapsed_s: float = 0.0  # wall time of earlier invocations (this one's is added on save)
+    oov_step0: int = 0  # step-0 positions whose verifier argmax lies outside the draft vocabulary
+    counted_step0: int = 0  # step-0 positions counted
+
+
+class Window:
+    """Sums over a logging window (local to this process until reduced); part of the checkpoint, so a run resumed
+    mid-window writes the same record as an uninterrupted one."""
+
+    def __init__(self, K: int, device, saved: dict[str, Any] | None = None):
+        self.stats = torch.zeros(len(STAT_KEYS), K, dtype=torch.float64, device=device)
+        self.seconds = 0.0  # training time (data wait included, validation and checkpoints excluded)
+        self.tokens = 0
+        self.samples = 0
+        self.steps = 0
+        if saved:
+            self.stats += saved["stats"].to(device)
+            self.tokens, self.samples, self.seconds, self.steps = (saved["tokens"], saved["samples"], saved["seconds"],
+                                                                   saved["steps"])
+
+    def state(self) -> dict[str, Any]:
+        return {"stats": self.stats.cpu(), "tokens": self.tokens, "samples": self.samples, "seconds": self.seconds,
+                "steps": self.steps}
+
+
+class Trainer:
+    """Everything one training run holds: built from the stage context, then `run()`."""
+
+    def __init__(self, ctx, on_record=None, timer: StageTimer | None = None, t_start: float | None = None):
+        cfg, vcfg = ctx.cfg, ctx.verifier
+        self.cfg, self.on_record, self.timer = cfg, on_record, timer
+        self.t_start = time.time() if t_start is None else t_start
+        self.rank, self.world = dist.rank(), dist.world()
+        self.out_dir: Path = ctx.dir
+        self.ckpt_root = self.out_dir / "checkpoints"
+        self.device = pick_device(cfg)
+        self.K = cfg.ttt_steps
+        if self.device.type == "cpu":
+            local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+            torch.set_num_threads(cfg.threads or max(1, (os.cpu_count() or 1) // local))
+        torch.manual_seed(cfg.seed)
+        self.backend = select_kernels(cfg.kernels, self.device)
+        Eagle3Drafter.set_kernels(self.backend)
+        self.attention = "doc" if cfg.attention == "auto" else cfg.attention
+        self._inputs(ctx, vcfg)
+        self._model(vcfg)
+        self._plan()
+
+    # ------------------------------------------------------------------------------------------------------ setup
+    def _inputs(self, ctx, vcfg) -> None:
+        cfg = self.cfg
+        self.model_path = resolve_model(vcfg.model)
+        self.vconf = load_config(self.model_path, vcfg.trust_remote_code)
+        aux_ids = aux_layer_ids(vcfg.aux_layer_ids, self.vconf.num_hidden_layers)
+        store_dir = ctx.stage_dir("extract")
+        try:
+            self.reader = HiddenStateReader(store_dir)
+        except StoreError as e:
+            raise TrainingError(str(e)) from None
+        check_store(self.reader.meta, store_dir, self.vconf, aux_ids)
+        self.aux_ids, self.store_dir = aux_ids, store_dir
+        n_all = len(self.reader) if cfg.max_samples is None else min(len(self.reader), cfg.max_samples)
+        if n_all == 0:
+            raise TrainingError(f"{store_dir}: the hidden-state store holds no samples (did the extract stage run?)")
+        self.lengths = self.reader.lengths
+        self.split = split_samples(n_all, cfg.val_fraction, cfg.val_max_samples, cfg.seed, self.reader.ids[:n_all])
+        if not self.split.train:
+            raise TrainingError(f"{store_dir}: no training samples left after the validation split ({n_all} samples)")
+        self.truncated = sum(1 for i in self.split.train if self.lengths[i] > cfg.packed_row_tokens)
+
+        # the draft vocabulary: counted once, saved, reused on resume
+        vocab_path = self.out_dir / "draft_vocab.safetensors"
+        resumable = cfg.resume and list_checkpoints(self.ckpt_root)
+        if self.rank == 0 and not (resumable and vocab_path.exists()):
+            counts = count_loss_tokens(self.reader, self.split.train, int(self.vconf.vocab_size))
+            if int(counts.sum()) == 0:
+                raise TrainingError(f"{store_dir}: no loss-masked (assistant) tokens in the training split")
+            build_draft_vocab(counts, cfg.draft_vocab_size).save(vocab_path)
+        dist.barrier()
+        self.vocab = DraftVocab.load(vocab_path)
+        if self.vocab.vocab_size != int(self.vconf.vocab_size):
+            raise TrainingError(f"{vocab_path}: built for vocab {self.vocab.vocab_size}, verifier has {self.vconf.vocab_size}")
+        log(f"draft vocabulary: {self.vocab.size} of {self.vocab.vocab_size} tokens, coverage {self.vocab.coverage:.4f} "
+            f"of loss-masked training tokens; kernels={self.backend}; attention={self.attention}; device={self.device}; "
+            f"processes={self.world}")
+
+    def _model(self, vcfg) -> None:
+        cfg, device = self.cfg, self.device
+        self.dcfg = drafter_config_from(cfg, self.vconf, self.aux_ids, self.vocab.size, self.model_path)
+        drafter = Eagle3Drafter(self.dcfg)
+        drafter.set_vocab(self.vocab.draft_ids)
+        head = load_verifier_head(self.model_path, vcfg.trust_remote_code)
+        init_from_verifier(drafter, head)
+        self.progress, self.resume_state, self.resumed_from = Progress(), None, None
+        ckpts = list_checkpoints(self.ckpt_root) if cfg.resume else []
+        if not ckpts and self.rank == 0:  # starting over: checkpoints of an earlier run must not be resumed later
+            shutil.rmtree(self.ckpt_root, ignore_errors=True)
+            shutil.rmtree(self.out_dir / "final", ignore_errors=True)
+        if ckpts:
+            self.resumed_from, rs, weights = self._newest_readable(ckpts)
+            self.resume_state = rs
+            check_compatible(self.resumed_from, self.dcfg, self.vocab.draft_ids, rs)
+            missing, unexpected = drafter.load_state_dict(weights, strict=False)
+            if unexpected or [m for m in missing if m not in ("d2t", "t2d")]:  # set from the draft vocab above
+                raise CheckpointError(f"{self.resumed_from}: weights do not match the drafter ({missing}, {unexpected})")
+            self.progress = Progress(int(rs["step"]), int(rs.get("tokens_seen", 0)), int(rs.get("samples_seen", 0)),
+                                     float(rs.get("elapsed_s", 0.0)), int(rs.get("oov_step0", 0)),
+                                     int(rs.get("counted_step0", 0)))
+            log(f"resuming from {self.resumed_from} (step {self.progress.step})")
+        self.n_params = count_parameters(drafter)  # the embedding is a buffer (frozen, not saved)
+        self.ttt = TTTModel(drafter, head.norm_weight, head.lm_head, head.rms_norm_eps, cfg.ttt_steps, cfg.decay,
+                            cfg.out_of_vocab, self.attention, self.backend).to(device)
+        del head
+        bf16 = cfg.precision == "bfloat16" or (cfg.precision == "auto" and device.type == "cuda")
+        self.amp = (lambda: torch.autocast(device_type=device.type, dtype=torch.bfloat16)) if bf16 else nullcontext
+        self.module = dist.wrap(self.ttt, self.ttt.drafter.layers, cfg.distributed, device)
+        params = [p for p in self.module.parameters() if p.requires_grad]
+        self.opt = torch.optim.AdamW(params, lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay,
+                                     foreach=device.type == "cuda")
+        if self.resume_state is not None:
+            dist.load_optimizer_state(self.module, self.opt, self.resume_state["optimizer"])
+            torch.set_rng_state(self.resume_state["rng_cpu"])
+            if device.type == "cuda" and self.resume_state.get("rng_cuda") is not None:
+                torch.cuda.set_rng_state(self.resume_state["rng_cuda"], device)
+
+    @staticmethod
+    def _newest_readable(ckpts: list[tuple[int, Path]]) -> tuple[Path, dict[str, Any], dict[str, torch.Tensor]]:
+        """The newest step checkpoint whose training state and weights read; a damaged newer one (a disk that filled
+        up, a copy cut short) is named and skipped, so the run resumes a little earlier instead of failing."""
+        damaged = []
+        for _, path in reversed(ckpts):
+            try:
+                state, weights = load_training_state(path), load_state(path)
+            except CheckpointError as e:
+                damaged.append(str(e))
+                continue
+            for d in damaged:
+                log(f"skipped a damaged checkpoint: {d}")
+            return path, state, weights
+        raise CheckpointError("no step checkpoint reads:\n  " + "\n  ".join(damaged) + "\ndelete them to start over "
+                              "(or set train.resume=false)")
+
+    def _plan(self) -> None:
+        cfg = self.cfg
+        if cfg.batch_rows % (self.world * cfg.micro_batch_rows):
+            raise TrainingError(f"train.batch_rows ({cfg.batch_rows}) must be a multiple of processes x micro_batch_rows "
+                                f"({self.world} x {cfg.micro_batch_rows})")
+        self.plan = make_plan(self.split.train, self.lengths, cfg, cfg.max_steps)
+        if self.plan.total_steps == 0:
+            raise TrainingError(f"{self.store_dir}: {len(self.split.train)} training samples are fewer rows than one "
+                                f"step (train.batch_rows={cfg.batch_rows}); lower batch_rows or extract more samples")
+        if self.progress.step > self.plan.total_steps:
+            raise CheckpointError(f"{self.resumed_from}: checkpoint step {self.progress.step} is past this run's "
+                                  f"{self.plan.total_steps} steps")
+        self.vrows = val_rows(self.split.val, self.lengths, cfg.packed_row_tokens, cfg.packing)
+        log(f"{len(self.split.train)} train / {len(self.split.val)} val samples ({self.truncated} truncated to "
+            f"{cfg.packed_row_tokens}); {self.plan.total_steps} steps; drafter {self.n_params / 1e6:.2f}M parameters")
+        self.metrics = MetricsWriter(self.out_dir / "metrics.jsonl", enabled=self.rank == 0)
+        self.metrics.truncate_after(self.progress.step if self.progress.step else -1)  # records <= the checkpoint stay
+
+    # ---------------------------------------------------------------------------------------------------- the loop
+    def load_step(self, step: int):
+        """The micro-batches of this process for global step `step`."""
+        e, s = self.plan.locate(step)
+        mine = deal(self.plan.steps[e][s], self.lengths, self.cfg.packed_row_tokens, self.world, self.cfg.micro_batch_rows)
+        return [collate(self.reader, mb, self.cfg.packed_row_tokens) for mb in mine[self.rank]]
+
+    def run(self) -> dict[str, Any]:
+        cfg, K, device, plan, pr = self.cfg, self.K, self.device, self.plan, self.progress
+        self.stop_requested = False
+        try:
+            old_handler = signal.signal(signal.SIGTERM, lambda *_: setattr(self, "stop_requested", True))
+        except ValueError:  # not the main thread (e.g. some notebook runners): no SIGTERM checkpoint
+            old_handler = None
+        self.t_run0 = time.time()
+        self.run_tokens = self.run_samples = 0
+        self.train_time = 0.0
+        self.last_ckpt = self.resumed_from
+        self.window = Window(K, device, (self.resume_state or {}).get("window"))
+        self.last_train: dict[str, Any] = {}
+        self.last_val: dict[str, Any] = {}
+        pool = ThreadPoolExecutor(1)
+        next_batches = pool.submit(self.load_step, pr.step) if pr.step < plan.total_steps else None
+        try:
+            while pr.step < plan.total_steps:
+                t_step = time.time()
+                mbs = next_batches.result()
+                next_batches = pool.submit(self.load_step, pr.step + 1) if pr.step + 1 < plan.total_steps else None
+                e, s_in_epoch = plan.locate(pr.step)
+                global_rows = plan.steps[e][s_in_epoch]
+                step_tokens = sum(row_tokens(r, self.lengths, cfg.packed_row_tokens) for r in global_rows)
+                step_samples = sum(len(r) for r in global_rows)
+                stats, grad_norm, lr = self._step(mbs)
+                self.train_time += time.time() - t_step
+                self.window.seconds += time.time() - t_step
+                pr.step += 1
+                pr.tokens_seen += step_tokens
+                pr.samples_seen += step_samples
+                self.run_tokens += step_tokens
+                self.run_samples += step_samples
+                pr.oov_step0 += int(stats[4, 0])
+                pr.counted_step0 += int(stats[0, 0])
+                self.window.stats += stats
+                self.window.tokens += step_tokens
+                self.window.samples += step_samples
+                self.window.steps += 1
+                if pr.step % cfg.log_every == 0 or pr.step == plan.total_steps:
+                    self._log_train(lr, grad_norm)
+                end_of_epoch = pr.step == plan.total_steps or plan.locate(pr.step)[0] != e
+                if end_of_epoch and self.vrows:
+                    if next_batches is not None:
+                        next_batches.result()  # the reader is not shared between threads: let the prefetch finish
+                    self.last_val = self._validate()
+                    self._emit(self.last_val)
+                self._maybe_stop_or_save()
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
+            if old_handler is not None:
+                signal.signal(signal.SIGTERM, old_handler)
+        return self._finish()
+
+    def _step(self, mbs) -> tuple[torch.Tensor, float, float]:
+        """One optimizer step over this process's micro-batches: (reduced stats [5, K], grad norm, lr)."""
+        cfg, K, device, pr = self.cfg, self.K, self.device, self.progress
+        # counted positions per TTT step over the whole global batch: the loss denominators
+        den = torch.tensor([counted_per_step(mb.loss_mask, mb.doc, K) for mb in mbs], dtype=torch.float64)
+        den = dist.all_reduce_(den.sum(0).to(device))
+        lr = lr_at(pr.step, cfg, self.plan.total_steps)
+        for g in self.opt.param_groups:
+            g["lr"] = lr
+        self.module.train()
+        stats = torch.zeros(len(STAT_KEYS), K, dtype=torch.float64, device=device)
+        for i, mb in enumerate(mbs):
+            with dist.no_sync(self.module, cfg.distributed, last=i == len(mbs) - 1):
+                with self.amp():
+                    loss, st = self.module(mb.to(device), den.float(), float(self.world))
+                loss.backward()
+            stats += st
+        dist.all_reduce_(stats)
+        where = f"Last good checkpoint: {self.last_ckpt or 'none (no checkpoint yet)'}"
+        if not math.isfinite(float(stats[1].sum())):
+            raise TrainingDiverged(f"non-finite loss in step {pr.step + 1} (hidden states with NaN/inf, or a learning "
+                                   f"rate too high?); the optimizer step was not taken. {where}")
+        params = self.ttt.parameters() if self.world == 1 else self.module.parameters()
+        gn = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
+        grad_norm = float(gn.full_tensor() if hasattr(gn, "full_tensor") else gn)
+        if not math.isfinite(grad_norm):
+            raise TrainingDiverged(f"non-finite gradient norm in step {pr.step + 1}; the optimizer step was not taken. "
+                                   f"{where}")
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        return stats, grad_norm, lr
+
+    def _elapsed(self) -> float:
+        return self.progress.elapsed_s + time.time() - self.t_run0
+
+    def _emit(self, rec: dict[str, Any]) -> None:
+        self.metrics.write(rec)
+        log(console_line(rec, self.K))
+        if self.on_record and self.rank == 0:
+            self.on_record(rec)
+
+    def _log_train(self, lr: float, grad_norm: float) -> None:
+        w, pr, device = self.window, self.progress, self.device
+        dt = max(w.seconds, 1e-9)
+        mem = dist.all_reduce_(torch.tensor([peak_mem_mb(device)], dtype=torch.float64, device=device), "max")
+        rec = {"kind": "train", "step": pr.step, "total_steps": self.plan.total_steps,
+               "epoch": round(self.plan.epoch_float(pr.step - 1), 4), "tokens_seen": pr.tokens_seen,
+               "samples_seen": pr.samples_seen, "lr": lr, **summarize(w.stats.cpu(), self.cfg.decay),
+               "tokens_per_s": w.tokens / dt, "samples_per_s": w.samples / dt, "grad_norm": grad_norm,
+               "peak_mem_mb": float(mem[0]), "time": time.time(), "elapsed_s": self._elapsed()}
+        self.last_train = ordered_record(rec, self.K)
+        self._emit(self.last_train)
+        self.window = Window(self.K, device)
+
+    def _maybe_stop_or_save(self) -> None:
+        pr = self.progress
+        stop_now = dist.all_reduce_(torch.tensor([1.0 if self.stop_requested else 0.0], device=self.device), "max")
+        if float(stop_now[0]) > 0 and pr.step < self.plan.total_steps:
+            self.last_ckpt = self.save(pr.step)
+            log(f"SIGTERM: saved {self.last_ckpt} at step {pr.step}; run the stage again to resume")
+            if self.rank == 0:
+                update_manifest(self.out_dir, status="interrupted", resume_from=str(self.last_ckpt),
+                                finished_at=now_iso(),
+                                error=f"interrupted by SIGTERM at step {pr.step}; checkpoint {self.last_ckpt}")
+            raise TrainingInterrupted(f"interrupted at step {pr.step}; checkpoint saved to {self.last_ckpt}")
+        if pr.step % self.cfg.ckpt_every == 0 and pr.step < self.plan.total_steps:
+            self.last_ckpt = self.save(pr.step)
+
+    def save(self, step: int) -> Path:
+        """Step checkpoint with the resume state (all ranks take part in gathering; rank 0 writes)."""
+        state = dist.model_state(self.module)
+        optim = dist.optimizer_state(self.module, self.opt)
+        path = checkpoint_dir(self.ckpt_root, step)
+        if self.rank == 0:
+            pr = self.progress
+            training_state = {
+                **asdict(pr), "step": step, "elapsed_s": self._elapsed(), "optimizer": optim,
+                "scheduler": {"step": step, "total_steps": self.plan.total_steps},
+                "rng_cpu": torch.get_rng_state(),
+                "rng_cuda": torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None,
+                "drafter_config": self.dcfg.to_dict(), "draft_ids": self.vocab.draft_ids,
+                "data": {"epoch": self.plan.locate(step - 1)[0] if step else 0, "seed": self.cfg.seed},
+                "window": self.window.state(),
+            }
+            save_drafter(state, self.dcfg, path, training_state)
+            prune_checkpoints(self.ckpt_root, self.cfg.keep_checkpoints)
+        dist.barrier()
+        return path
+
+    @torch.no_grad()
+    def _validate(self) -> dict[str, Any]:
+        cfg, K, device = self.cfg, self.K, self.device
+        self.module.eval()
+        stats = torch.zeros(len(STAT_KEYS), K, dtype=torch.float64, device=device)
+        mine = self.vrows[self.rank :: self.world]
+        # every process runs the same number of forwards (FSDP all-gathers are collective); extra ones count nothing
+        n_mb = math.ceil(math.ceil(len(self.vrows) / self.world) / cfg.micro_batch_rows)
+        tokens = samples = 0
+        ones = torch.ones(K, device=device)
+        for i in range(n_mb):
+            rows = mine[i * cfg.micro_batch_rows : (i + 1) * cfg.micro_batch_rows]
+            mb = collate(self.reader, rows or self.vrows[:1], cfg.packed_row_tokens)
+            with self.amp():
+                _, st = self.module(mb.to(device), ones)
+            if rows:
+                stats += st
+                tokens += mb.n_tokens
+                samples += mb.n_samples
+        dist.all_reduce_(stats)
+        counts = dist.all_reduce_(torch.tensor([tokens, samples], dtype=torch.float64, device=device))
+        step = self.progress.step
+        rec = {"kind": "val", "step": step, "epoch": round(self.plan.epoch_float(step - 1), 4), "time": time.time(),
+               "elapsed_s": self._elapsed(), "tokens": int(counts[0]), "samples": int(counts[1]),
+               **summarize(stats.cpu(), cfg.decay)}
+        self.module.train()
+        return rec
+
+    # ------------------------------------------------------------------------------------------------------- end
+    def _finish(self) -> dict[str, Any]:
+        """Final checkpoint (with resume state, so a longer rerun continues), the vLLM-loadable export, the figures."""
+        cfg, plan, pr = self.cfg, self.plan, self.progress
+        self.last_ckpt = self.save(plan.total_steps)
+        state = dist.model_state(self.module)
+        if self.rank != 0:
+            return {}
+        final_dir = save_drafter(state, self.dcfg, self.out_dir / "final")
+        last_train, last_val = self.last_train, self.last_val
+        if not last_train or not last_val:  # resumed at the very end: the records are in the file
+            recs = read_metrics(self.out_dir / "metrics.jsonl")
+            last_train = last_train or next((r for r in reversed(recs) if r.get("kind") == "train"), {})
+            last_val = last_val or next((r for r in reversed(recs) if r.get("kind") == "val"), {})
+        figures: dict[str, Any] = {
+            "steps": plan.total_steps,
+            "epochs": plan.epoch_float(plan.total_steps - 1),
+            "tokens_seen": pr.tokens_seen,
+            "samples_seen": pr.samples_seen,
+            "tokens_per_s": self.run_tokens / self.train_time if self.train_time else None,
+            "samples_per_s": self.run_samples / self.train_time if self.train_time else None,
+            "num_processes": self.world,
+            "final_loss": last_train.get("loss"),
+            "tau_est": last_train.get("tau_est"),
+            "val_tau_est": last_val.get("tau_est"),
+            "val_loss": last_val.get("loss"),
+        }
+        for k in range(cfg.ttt_steps):
+            figures[f"full_acc_{k}"] = last_train.get(f"full_acc_{k}")
+            figures[f"cond_acc_{k}"] = last_train.get(f"cond_acc_{k}")
+        for k in range(cfg.ttt_steps):
+            figures[f"val_full_acc_{k}"] = last_val.get(f"full_acc_{k}")
+            figures[f"val_cond_acc_{k}"] = last_val.get(f"cond_acc_{k}")
+        figures.update({
+            "draft_vocab_size": self.vocab.size,
+            "draft_vocab_coverage": self.vocab.coverage,
+            "argmax_outside_draft_vocab": pr.oov_step0,
+            "argmax_outside_draft_vocab_frac": pr.oov_step0 / pr.counted_step0 if pr.counted_step0 else 0.0,
+            "peak_mem_mb": last_train.get("peak_mem_mb"),
+            "wall_s": round(time.time() - self.t_start, 2),
+            "train_s": round(self.train_time, 2),
+            "kernels": self.backend,
+            "attention": self.attention,
+            "distributed": cfg.distributed if self.world > 1 else "none",
+            "device": str(self.device.type),
+            "train_samples": len(self.split.train),
+            "val_samples": len(self.split.val),
+            "truncated_samples": self.truncated,
+            "drafter_parameters": self.n_params,
+            "ttt_steps": cfg.ttt_steps,
+            "resumed_from_step": int(self.resume_state.get("step", 0)) if self.resume_state else None,
+        })
+        outputs = {"checkpoint": str(final_dir.relative_to(self.out_dir)), "metrics": "metrics.jsonl",
+                   "draft_vocab": "draft_vocab.safetensors",
+                   "last_step_checkpoint": str(self.last_ckpt.relative_to(self.out_dir))}
+        m = (self.timer.finish(figures, outputs) if self.timer else
+             update_manifest(self.out_dir, status="complete", figures=figures, outputs=outputs,
+                             finished_at=(now := now_iso()), completed_at=now))
+        update_manifest(self.out_dir, resume_from=None, error=None)
+        log(f"done: {plan.total_steps} steps, tau_est {figures['tau_est']}, val_tau_est {figures['val_tau_est']}; "
+            f"checkpoint {final_dir}")
+        return m
+
+
+def train(ctx, *, on_record=None) -> dict[str, Any]:
+    """Train in this process (alone, or as one torchrun rank). Returns the manifest (rank 0) or {} (other ranks)."""
+    with dist.process_group(pick_device(ctx.cfg)):
+        rank = dist.rank()
+        t_start = time.time()
+        timer = StageTimer(ctx.dir, ctx.manifest_params()) if rank == 0 else None
+        try:
+            return Trainer(ctx, on_record, timer, t_start).run()
+        except BaseException as e:
+            if rank == 0 and not isinstance(e, TrainingInterrupted):
+                update_manifest(ctx.dir, status="failed", error=f"{type(e).__name__}: {e}", finished_at=now_iso())
+            raise

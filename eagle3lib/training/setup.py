@@ -1,0 +1,56 @@
+"""What a training run checks before it starts: the device, the kernels backend, and that the hidden-state store was
+extracted from the configured verifier; and the errors the run raises."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+class TrainingError(RuntimeError):
+    """Bad input or a failed run; the message says what and where."""
+
+
+class TrainingDiverged(TrainingError):
+    pass
+
+
+class TrainingInterrupted(RuntimeError):
+    """SIGTERM: a checkpoint was saved; running the stage again resumes from it."""
+
+
+def select_kernels(choice: str, device: torch.device) -> str:
+    """"auto" -> triton on CUDA, torch elsewhere (kernels.select_backend decides and logs); explicit choices are checked."""
+    from eagle3lib import kernels
+
+    try:
+        return kernels.select_backend(device, choice)
+    except RuntimeError as e:
+        raise TrainingError(f"train.kernels={choice}: {e}") from None
+
+
+def pick_device(cfg) -> torch.device:
+    if cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available()):
+        if not torch.cuda.is_available():
+            raise TrainingError("train.device=cuda but CUDA is not available")
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+    return torch.device("cpu")
+
+
+def check_store(meta: dict[str, Any], store_dir: Path, verifier_cfg, aux_ids: list[int]) -> None:
+    """Hidden states must come from the configured verifier: same hidden size, vocabulary and feature layers."""
+    where = store_dir / "store.json"
+    problems = []
+    if int(meta.get("hidden_size", -1)) != int(verifier_cfg.hidden_size):
+        problems.append(f"hidden_size {meta.get('hidden_size')} != the verifier's {verifier_cfg.hidden_size}")
+    if "vocab_size" in meta and int(meta["vocab_size"]) != int(verifier_cfg.vocab_size):
+        problems.append(f"vocab_size {meta['vocab_size']} != the verifier's {verifier_cfg.vocab_size}")
+    if "num_layers" in meta and int(meta["num_layers"]) != int(verifier_cfg.num_hidden_layers):
+        problems.append(f"num_layers {meta['num_layers']} != the verifier's {verifier_cfg.num_hidden_layers}")
+    if list(meta.get("aux_layer_ids", [])) != list(aux_ids):
+        problems.append(f"aux_layer_ids {meta.get('aux_layer_ids')} != the profile's {aux_ids}")
+    if problems:
+        raise TrainingError(f"{where}: hidden states from a different verifier or layers ({'; '.join(problems)})")

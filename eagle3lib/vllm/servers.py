@@ -1,0 +1,83 @@
+"""The two vLLM servers an evaluation compares: "spec" (the drafter as EAGLE-3 speculator) and "base" (the verifier
+alone), each a running endpoint or a local server started in the background."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from eagle3lib.vllm.endpoint import ServerError, verifier_endpoint
+from eagle3lib.vllm.server import server_for_verifier
+
+
+class Servers:
+    """The two vLLM servers of the measurement: "spec" (the drafter as EAGLE-3 speculator) and "base" (the verifier
+    alone). A given URL is checked at once (an unreachable server fails before minutes of library work); a local server
+    is started in a background thread, so its start-up (a minute or more on CPU) overlaps the library phase."""
+
+    def __init__(self, cfg, vcfg, model_path: str, out_dir: Path):
+        self.cfg, self.vcfg, self.model_path, self.out_dir = cfg, vcfg, model_path, out_dir
+        self.endpoints: dict[str, Any] = {}
+        self.local: dict[str, Any] = {}
+        self.threads: dict[str, threading.Thread] = {}
+        self.errors: dict[str, BaseException] = {}
+        self.start_seconds: dict[str, float] = {}  # launch to /health OK, local servers
+
+    def url(self, which: str) -> tuple[str | None, str]:
+        """(URL of a running server or None, the config key that names it)."""
+        if which == "spec":
+            return self.cfg.spec_server_url, "evaluate.spec_server_url"
+        if self.cfg.base_server_url:
+            return self.cfg.base_server_url, "evaluate.base_server_url"
+        return self.vcfg.server_url, "verifier.server_url"
+
+    def open(self, which: str, speculative_config: dict[str, Any] | None, background: bool) -> None:
+        url, key = self.url(which)
+        if url:
+            try:
+                self.endpoints[which] = verifier_endpoint(self.vcfg, self.cfg.connect_timeout_s, base_url=url)
+            except ServerError as e:
+                raise ServerError(f"{key}: {e}") from None
+            return
+        server = server_for_verifier(self.vcfg, self.model_path, self.out_dir / f"vllm_{which}.log",
+                                     speculative_config=speculative_config,
+                                     extra_args=[*self.vcfg.extra_server_args, *self.cfg.server_args])
+        self.local[which] = server
+
+        def start() -> None:
+            t0 = time.time()
+            try:
+                server.start()
+                self.start_seconds[which] = round(time.time() - t0, 1)
+            except BaseException as e:  # re-raised by get()
+                self.errors[which] = e
+
+        t = threading.Thread(target=start, name=f"vllm-{which}-start", daemon=True)
+        self.threads[which] = t
+        t.start()
+        if not background:
+            t.join()
+
+    def get(self, which: str) -> Any:
+        if which in self.threads:
+            self.threads.pop(which).join()
+            if which in self.errors:
+                raise self.errors.pop(which)
+            self.endpoints[which] = self.local[which].endpoint()
+        return self.endpoints[which]
+
+    def close(self, which: str) -> None:
+        server = self.local.pop(which, None)
+        if server is not None:
+            server.stop()
+            t = self.threads.pop(which, None)
+            if t is not None:  # still starting: the process may appear only now
+                t.join(timeout=60)
+                server.stop()
+        self.endpoints.pop(which, None)
+
+    def close_all(self) -> None:
+        for which in list(self.local):
+            self.close(which)

@@ -1,0 +1,464 @@
+# .venv/bin/python -m pytest -q tests/test_bad_inputs.py
+"""Bad input and damaged files, as a new user meets them: every case is a clear message naming the culprit (the key,
+file, line or path), no traceback, the right exit code, and what was done before stays byte-identical."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from eagle3lib.__main__ import main
+
+FIX = Path(__file__).parent / "fixtures" / "analysis"
+
+
+def cli(capsys, *argv) -> tuple[int, str]:
+    code = main(list(argv))
+    err = capsys.readouterr().err
+    assert "Traceback" not in err, err
+    return code, err
+
+
+def tree_digest(root: Path) -> dict[str, str]:
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+# ---------------------------------------------------------------------------------------------------------- params
+
+PARAM_CASES = [  # (--set value, what the one-line message must contain)
+    ("train.ttt_steps=0", "'train.ttt_steps': Input should be greater than or equal to 1"),
+    ("train.decay=0", "'train.decay': Input should be greater than 0"),
+    ("train.packed_row_tokens=-5", "'train.packed_row_tokens': Input should be greater than or equal to 8"),
+    ("evaluate.modes=[]", "evaluate.modes: at least one of greedy, sampled"),
+    ("train.micro_batch_rows=0", "'train.micro_batch_rows': Input should be greater than or equal to 1"),
+    ("train.micro_batch_rows=3", "train.batch_rows (2) must be a multiple of train.micro_batch_rows (3)"),
+    ("train.lr=-0.003", "'train.lr': Input should be greater than 0"),
+    ("train.epochs=0", "'train.epochs': Input should be greater than 0"),
+    ("train.log_every=0", "'train.log_every': Input should be greater than or equal to 1"),
+    ("train.num_layers=0", "'train.num_layers': Input should be greater than or equal to 1"),
+    ("train.keep_checkpoints=-1", "'train.keep_checkpoints': Input should be greater than or equal to 1"),
+    ("train.nproc_per_node=0", "'train.nproc_per_node': Input should be greater than or equal to 1"),
+    ("train.betas=[0.9, 1.5]", "'train.betas': AdamW betas must be in [0, 1)"),
+    ("train.head_dim=7", "'train.head_dim': Input should be a multiple of 2"),
+    ("verifier.aux_layer_ids=[1, 1, 2]", "'verifier.aux_layer_ids': EAGLE-3 takes 3 distinct layer ids"),
+    ("verifier.aux_layer_ids=[1, 2]", "'verifier.aux_layer_ids': EAGLE-3 takes 3 distinct layer ids"),
+    ("verifier.gpu_memory_utilization=1.5", "'verifier.gpu_memory_utilization': Input should be less than or equal to 1"),
+    ("generate.concurrency=0", "'generate.concurrency': Input should be greater than or equal to 1"),
+    ("generate.temperature=-1", "'generate.temperature': Input should be greater than or equal to 0"),
+    ("generate.extra_body={model: x}", "are set by the stage itself"),
+    ("extract.max_sample_tokens=4", "'extract.max_sample_tokens': Input should be greater than or equal to 8"),
+    ("extract.max_seq_len=100", "'extract.max_seq_len' is now called 'extract.max_sample_tokens'"),
+    ("train.max_seq_len=100", "'train.max_seq_len' is now called 'train.packed_row_tokens'"),
+    ("evaluate.k=3", "'evaluate.k' is now called 'evaluate.ttt_steps'"),
+    ("evaluate.library=false", None),  # alone it is fine; with vllm=false below it is not
+    ("train.epoch=3", "unknown key 'train.epoch' (did you mean 'epochs'?)"),
+    ("train.learning_rate=1", "unknown key 'train.learning_rate'"),
+    ("trian.lr=1", "unknown section 'trian' (did you mean 'train'?)"),
+    ("cost_projection.speed_factors={x: 0}", "speed factors must be > 0"),
+    ("verifier_report.max_tokens=0", "'verifier_report.max_tokens': Input should be greater than or equal to 1"),
+]
+
+
+@pytest.mark.parametrize(("setting", "expected"), PARAM_CASES, ids=[c[0] for c in PARAM_CASES])
+def test_bad_parameter_is_one_line_naming_the_key(capsys, setting, expected):
+    code, err = cli(capsys, "params", "--set", setting)
+    if expected is None:
+        assert code == 0
+        return
+    assert code == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: --set") and expected in lines[0], err
+
+
+def test_several_problems_are_all_reported(capsys):
+    code, err = cli(capsys, "params", "--set", "train.lr=0", "--set", "evaluate.library=false",
+                    "--set", "evaluate.vllm=false")
+    assert code == 2
+    assert "'train.lr'" in err and "evaluate.library and evaluate.vllm are both false" in err
+
+
+def write(tmp_path: Path, text: str, name: str = "p.yaml") -> Path:
+    p = tmp_path / name
+    p.write_text(text)
+    return p
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("train:\n  lr: 1\n  epochs: 2\n  lr: 2\n", ":4: duplicate key 'train.lr' (also at line 2)"),
+    ("train:\n  lr: 1\ntrain:\n  lr: 2\n", ":3: duplicate key 'train' (also at line 1)"),
+    ("train:\n  epochs: 3\n  lr: -1\n", ":3: 'train.lr': Input should be greater than 0"),
+    ("train:\n  lr: [1\n", "not valid YAML"),
+    ("- a\n- b\n", "a profile is a mapping of sections"),
+    ("train: 5\n", ":1: section 'train' must be a mapping"),
+    ("extract:\n  max_seq_len: 9\n", ":2: 'extract.max_seq_len' is now called 'extract.max_sample_tokens'"),
+], ids=["dup-key", "dup-section", "line-of-key", "syntax", "not-mapping", "section-not-mapping", "renamed"])
+def test_profile_file_errors_name_file_and_line(capsys, tmp_path, text, expected):
+    p = write(tmp_path, text)
+    code, err = cli(capsys, "params", "--profile", str(p))
+    assert code == 2 and str(p) in err and expected in err, err
+
+
+@pytest.mark.parametrize(("argv", "expected"), [
+    (["params", "--set", "train.lr"], "--set 'train.lr': expected section.key=value"),
+    (["params", "--set", "train.lr=[1"], "value is not valid YAML"),
+    (["params", "--profile", "/nonexistent/p.yaml"], "profile file not found: /nonexistent/p.yaml"),
+    (["params", "--profile", "tiniest"], "unknown profile 'tiniest'"),
+    (["run", "--stages", ","], "--stages: no stage given"),
+    (["run", "--stages", "generat"], "unknown stage 'generat' (did you mean 'generate'?)"),
+])
+def test_cli_errors(capsys, argv, expected):
+    code, err = cli(capsys, *argv)
+    assert code == 2 and expected in err, err
+
+
+def test_run_dir_that_is_a_file(capsys, tmp_path):
+    f = tmp_path / "file"
+    f.write_text("x")
+    code, err = cli(capsys, "run", "--run-dir", str(f), "--stages", "verifier")
+    assert code == 2 and f"--run-dir {f}: exists and is not a directory" in err and f.read_text() == "x"
+
+
+def test_bad_parameter_in_run_creates_nothing(capsys, tmp_path):
+    run = tmp_path / "run"
+    code, err = cli(capsys, "run", "--run-dir", str(run), "--set", "train.epochs=0")
+    assert code == 2 and "'train.epochs'" in err and not run.exists()
+
+
+# --------------------------------------------------------------------------------------------------------- datasets
+
+
+@pytest.mark.parametrize(("content", "expected"), [
+    ('{"messages": [{"role": "user", "content": "hi"}]}\n{"messages": [\n', ":2: not valid JSON"),
+    ('{"messages": [{"role": "user", "content": "hi"}]}\n{"text": "x"}\n', ":2: record has neither 'messages'"),
+    ('{"messages": [{"role": "robot", "content": "x"}]}\n', ":1: messages[0].role 'robot' is not one of"),
+    ('{"conversations": [{"from": "alien", "value": "x"}]}\n', ":1: conversations[0].from 'alien' is not one of"),
+    ('[1, 2]\n', ":1: expected a JSON object, got list"),
+], ids=["torn-json", "no-messages", "bad-role", "bad-sharegpt-role", "not-object"])
+def test_malformed_dataset_record_names_file_and_line(tmp_path, content, expected):
+    from eagle3lib.data.datasets import DatasetError, load_conversations
+
+    p = write(tmp_path, content, "d.jsonl")
+    with pytest.raises(DatasetError) as e:
+        load_conversations(p)
+    assert str(e.value).startswith(str(p)) and expected in str(e.value)
+
+
+def test_damaged_parquet_and_binary_jsonl_name_the_file(tmp_path):
+    from eagle3lib.data.datasets import DatasetError, load_conversations
+
+    pq = tmp_path / "d.parquet"
+    pq.write_bytes(b"PAR1 not really parquet")
+    with pytest.raises(DatasetError, match=rf"{pq}: not a readable Parquet file"):
+        load_conversations(pq)
+    binary = tmp_path / "b.jsonl"
+    binary.write_bytes(b'{"messages": []}\n\xff\xfe\n')
+    with pytest.raises(DatasetError, match=rf"{binary}: not UTF-8 text"):
+        load_conversations(binary)
+
+
+def test_duplicate_ids_name_both_lines(tmp_path):
+    from eagle3lib.config.generate import GenerateConfig
+    from eagle3lib.data.datasets import DatasetError
+    from eagle3lib.stages.generate import load_prompts
+
+    p = write(tmp_path, "".join(json.dumps({"id": "a", "messages": [{"role": "user", "content": c}]}) + "\n"
+                                for c in ("x", "y")), "d.jsonl")
+    with pytest.raises(DatasetError, match=rf"{p}:2: id 'a' already used at {p}:1"):
+        load_prompts(GenerateConfig(dataset=str(p), shuffle=False))
+
+
+def test_empty_dataset_is_an_error_before_any_server(tmp_path):
+    from eagle3lib.config.generate import GenerateConfig
+    from eagle3lib.config.verifier import VerifierConfig
+    from eagle3lib.data.datasets import DatasetError
+    from eagle3lib.stages.generate import generate
+
+    p = write(tmp_path, "", "empty.jsonl")
+    with pytest.raises(DatasetError, match=rf"generate.dataset {p}: no prompt to answer .*allow_empty"):
+        generate(GenerateConfig(dataset=str(p)), VerifierConfig(model="unused"), tmp_path / "out")
+    assert not (tmp_path / "out" / "shard-00000.jsonl").exists()
+
+
+# ----------------------------------------------------------------------------------------------- generate records
+
+
+def test_torn_line_in_the_middle_of_a_shard_is_counted_and_located(tmp_path):
+    from eagle3lib.data.records import ReadStats, iter_generated
+
+    shard = tmp_path / "shard-00000.jsonl"
+    good = {"id": "a", "status": "ok", "messages": [{"role": "user", "content": "q"},
+                                                   {"role": "assistant", "content": "x"}]}
+    shard.write_text(json.dumps(good) + "\n" + '{"id": "b", "sta\n' + json.dumps({**good, "id": "c"}) + "\n")
+    stats = ReadStats()
+    assert [c.id for c in iter_generated(tmp_path, stats=stats)] == ["a", "c"]
+    assert stats.torn_lines == 1 and stats.torn_at == ["shard-00000.jsonl:2"]
+
+
+# ---------------------------------------------------------------------------------------------- hidden-state store
+
+
+def _store(root: Path, n_shards: int = 3) -> Path:
+    from eagle3lib.data.hidden_store import HiddenSample, HiddenStateWriter
+
+    meta = {"verifier": "x", "hidden_size": 8, "vocab_size": 64, "num_layers": 8, "aux_layer_ids": [2, 4, 5]}
+    with HiddenStateWriter(root, meta, samples_per_shard=2) as w:
+        for i in range(2 * n_shards):
+            w.add(HiddenSample(f"s{i}", torch.arange(5), torch.ones(5, dtype=torch.bool), torch.zeros(5, 3, 8).bfloat16(),
+                               torch.zeros(5, 8).bfloat16()))
+    return root
+
+
+def test_truncated_shard_named_by_the_reader(tmp_path):
+    from eagle3lib.data.hidden_store import HiddenStateReader, StoreError
+
+    root = _store(tmp_path / "store")
+    shard = root / "shards" / "shard-00001.safetensors"
+    shard.write_bytes(shard.read_bytes()[:100])
+    r = HiddenStateReader(root)
+    assert r[0].sample_id == "s0"  # the other shards still read
+    with pytest.raises(StoreError, match=rf"{shard}: cannot read this hidden-state shard .*run the extract stage again"):
+        r[2]
+
+
+def test_resume_sets_a_damaged_shard_aside_and_redoes_its_samples(tmp_path):
+    from eagle3lib.data.hidden_store import HiddenStateWriter
+
+    root = _store(tmp_path / "store")
+    shard = root / "shards" / "shard-00001.safetensors"
+    shard.write_bytes(shard.read_bytes()[:-10])
+    kept = {p.name: p.read_bytes() for p in (root / "shards").glob("shard-0000[02].safetensors")}
+    w = HiddenStateWriter(root, json.loads((root / "store.json").read_text()), samples_per_shard=2)
+    assert w.damaged == ["shard-00001.safetensors"] and w.done_ids == {"s0", "s1", "s4", "s5"}
+    assert (root / "shards" / ".damaged-shard-00001.safetensors").exists()
+    assert "shard-00001" not in (root / "index.jsonl").read_text()
+    assert {p.name: p.read_bytes() for p in (root / "shards").glob("shard-0000[02].safetensors")} == kept
+
+
+def test_unindexed_garbage_shard_named(tmp_path):
+    from eagle3lib.data.hidden_store import HiddenStateReader, StoreError
+
+    root = _store(tmp_path / "store", 1)
+    junk = root / "shards" / "shard-00007.safetensors"
+    junk.write_bytes(b"\0" * 64)
+    with pytest.raises(StoreError, match=rf"{junk}: damaged hidden-state shard"):
+        HiddenStateReader(root)
+
+
+def test_store_of_another_verifier_is_refused_and_left_alone(tmp_path):
+    from eagle3lib.data.hidden_store import HiddenStateWriter, StoreError
+
+    root = _store(tmp_path / "store", 1)
+    before = tree_digest(root)
+    meta = {"verifier": "x", "hidden_size": 16, "vocab_size": 64, "num_layers": 8, "aux_layer_ids": [2, 4, 5]}
+    with pytest.raises(StoreError, match=r"hidden_size: stored 8, now 16"):
+        HiddenStateWriter(root, meta)
+    assert tree_digest(root) == before
+
+
+# ------------------------------------------------------------------------------------------------------ checkpoints
+
+
+def _checkpoint(path: Path) -> Path:
+    from eagle3lib.model.checkpoint import save_drafter
+    from eagle3lib.model.drafter import DrafterConfig, Eagle3Drafter
+
+    cfg = DrafterConfig(hidden_size=16, intermediate_size=32, num_attention_heads=2, num_key_value_heads=1,
+                        head_dim=8, vocab_size=64, draft_vocab_size=32)
+    d = Eagle3Drafter(cfg)
+    d.set_vocab(torch.arange(32) * 2)
+    return save_drafter(d.state_dict(), cfg, path, training_state={"step": 1})
+
+
+@pytest.mark.parametrize(("damage", "expected"), [
+    (lambda c: c.pop("speculators_config"), "no speculators_config"),
+    (lambda c: c.update(model_type="llama"), "a top-level model_type"),
+    (lambda c: c["speculators_config"]["proposal_methods"][0].pop("speculative_tokens"),
+     "no speculators_config.proposal_methods[0].speculative_tokens"),
+    (lambda c: c["transformer_layer_config"].pop("hidden_size"), "no transformer_layer_config.hidden_size"),
+    (lambda c: c.update(eagle_aux_hidden_state_layer_ids=[1, 2, 3, 4]), "must list 3 layers"),
+], ids=["no-speculators-config", "model-type", "no-k", "no-hidden", "four-aux"])
+def test_checkpoint_vllm_cannot_load_is_named_before_any_server(tmp_path, damage, expected):
+    from eagle3lib.model.checkpoint import CheckpointError, check_servable
+
+    ck = _checkpoint(tmp_path / "ck")
+    cfg = json.loads((ck / "config.json").read_text())
+    damage(cfg)
+    (ck / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(CheckpointError) as e:
+        check_servable(ck)
+    assert str(ck / "config.json") in str(e.value) and expected in str(e.value)
+
+
+def test_checkpoint_weights_checked_before_any_server(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    from eagle3lib.model.checkpoint import CheckpointError, check_servable
+
+    ck = _checkpoint(tmp_path / "ck")
+    assert check_servable(ck).draft_vocab_size == 32
+    weights = ck / "model.safetensors"
+    tensors = load_file(str(weights))
+    save_file({k: v for k, v in tensors.items() if k != "d2t"}, str(weights))
+    with pytest.raises(CheckpointError, match=r"d2t missing, expected \[32\]"):
+        check_servable(ck)
+    weights.write_bytes(weights.read_bytes()[:200])
+    with pytest.raises(CheckpointError, match=rf"{weights}: damaged weights"):
+        check_servable(ck)
+
+
+def test_pickled_training_state_is_refused(tmp_path):
+    import pickle
+
+    from eagle3lib.model.checkpoint import CheckpointError, load_training_state
+
+    class Evil:
+        def __reduce__(self):
+            return (print, ("unpickled!",))
+
+    ck = _checkpoint(tmp_path / "ck")
+    (ck / "training_state.pt").write_bytes(pickle.dumps({"step": 1, "x": Evil()}))
+    with pytest.raises(CheckpointError, match=rf"{ck / 'training_state.pt'}: cannot read the training state"):
+        load_training_state(ck)
+
+
+# ----------------------------------------------------------------------------------------------- analysis sources
+
+
+@pytest.mark.parametrize(("content", "expected"), [
+    (None, "metrics file not found"),
+    ("", "the metrics file is empty"),
+    ("hello\nworld\n", "no metrics lines"),
+], ids=["missing", "empty", "no-metrics"])
+def test_learning_curve_source_errors_name_the_file(tmp_path, content, expected):
+    from eagle3lib.analysis.curves import load_run
+    from eagle3lib.analysis.log_sources import expand_sources
+
+    p = tmp_path / "metrics.jsonl"
+    if content is not None:
+        p.write_text(content)
+    with pytest.raises(ValueError, match=expected) as e:
+        load_run(expand_sources([str(p)], p)[0])
+    assert str(p) in str(e.value)
+
+
+# ----------------------------------------------------------------------------------------------- nothing is lost
+
+
+def _complete_stage(run: Path, name: str, files: dict[str, str]) -> None:
+    from eagle3lib.core.manifest import StageTimer
+
+    d = run / name
+    d.mkdir(parents=True)
+    for rel, text in files.items():
+        (d / rel).parent.mkdir(parents=True, exist_ok=True)
+        (d / rel).write_text(text)
+    StageTimer(d, {"profile": "tiny"}).finish({"samples": 1})
+
+
+def test_forced_rerun_that_fails_restores_the_finished_outputs(tmp_path):
+    """The two data-loss cases: a forced generate with a dataset that does not exist must not delete the finished
+    responses, and the extract stage after it must not count that failed attempt as new input."""
+    run = tmp_path / "run"
+    _complete_stage(run, "generate", {"shard-00000.jsonl": '{"id": "a", "status": "ok"}\n'})
+    _complete_stage(run, "extract", {"store.json": "{}", "shards/shard-00000.safetensors": "bytes"})
+    before = {s: tree_digest(run / s) for s in ("generate", "extract")}
+    r = subprocess.run([sys.executable, "-m", "eagle3lib", "run", "--run-dir", str(run), "--stages", "generate",
+                        "--force", "--set", f"generate.dataset={tmp_path / 'missing.jsonl'}"],
+                       capture_output=True, text=True)
+    assert r.returncode == 1 and "dataset not found" in r.stderr and "were restored" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
+    assert tree_digest(run / "generate") == before["generate"]
+    r = subprocess.run([sys.executable, "-m", "eagle3lib", "run", "--run-dir", str(run), "--stages", "extract"],
+                       capture_output=True, text=True)
+    assert r.returncode == 0 and "extract: complete, skipped" in r.stderr, r.stderr
+    assert tree_digest(run / "extract") == before["extract"]
+    assert not list(run.glob(".*previous*"))
+
+
+def test_stale_downstream_stage_is_redone_only_after_a_completed_upstream(tmp_path):
+    import time
+
+    from eagle3lib.core.manifest import StageTimer, update_manifest
+    from eagle3lib.pipeline.runner import stale_reason
+
+    run = tmp_path / "run"
+    _complete_stage(run, "generate", {"shard-00000.jsonl": "{}\n"})
+    time.sleep(1.1)
+    _complete_stage(run, "extract", {"store.json": "{}"})
+    time.sleep(1.1)
+    StageTimer(run / "generate", {})  # a later attempt of generate...
+    update_manifest(run / "generate", status="failed", finished_at="2099-01-01T00:00:00+00:00")  # ...that failed
+    assert stale_reason(run, "extract") is None
+    StageTimer(run / "generate", {}).finish({})  # one that completed
+    assert "generate was re-run after it" in stale_reason(run, "extract")
+
+
+# ------------------------------------------------------------------------------------------------------ disk full
+
+
+@pytest.fixture
+def tiny_disk(tmp_path):
+    """A 256 KiB tmpfs, where this machine lets root mount one."""
+    mnt = tmp_path / "disk"
+    mnt.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mnt)], capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here ({r.stderr.strip() or r.returncode}): disk-full cases not run")
+    yield mnt
+    subprocess.run(["umount", str(mnt)], check=False)
+
+
+def test_disk_full_during_a_shard_keeps_the_complete_shards(tiny_disk):
+    from eagle3lib.data.hidden_store import HiddenSample, HiddenStateReader, HiddenStateWriter, StoreError
+
+    root = tiny_disk / "store"
+    meta = {"verifier": "x", "hidden_size": 64, "vocab_size": 64, "num_layers": 8, "aux_layer_ids": [2, 4, 5]}
+    w = HiddenStateWriter(root, meta, samples_per_shard=1)
+    w.add(HiddenSample("s0", torch.arange(100), torch.ones(100, dtype=torch.bool), torch.zeros(100, 3, 64).bfloat16(),
+                       torch.zeros(100, 64).bfloat16()))
+    before = tree_digest(root)
+    with pytest.raises(StoreError, match=r"shard-00001.safetensors: cannot write the shard .*MiB free on that disk.*"
+                                         r"keeps its 1 complete shards"):
+        w.add(HiddenSample("s1", torch.arange(2000), torch.ones(2000, dtype=torch.bool),
+                           torch.zeros(2000, 3, 64).bfloat16(), torch.zeros(2000, 64).bfloat16()))
+    assert tree_digest(root) == before and not list((root / "shards").glob(".*.tmp"))
+    assert HiddenStateReader(root).ids == ["s0"]
+
+
+def test_disk_full_during_a_checkpoint_keeps_the_previous_one(tiny_disk, tmp_path):
+    from eagle3lib.model.checkpoint import CheckpointError, list_checkpoints, save_drafter
+    from eagle3lib.model.drafter import DrafterConfig, Eagle3Drafter
+
+    small = DrafterConfig(hidden_size=16, intermediate_size=32, num_attention_heads=2, num_key_value_heads=1,
+                          head_dim=8, vocab_size=64, draft_vocab_size=32)
+    d = Eagle3Drafter(small)
+    d.set_vocab(torch.arange(32) * 2)
+    root = tiny_disk / "checkpoints"
+    save_drafter(d.state_dict(), small, root / "step_00000001", {"step": 1})
+    before = tree_digest(root)
+    big = DrafterConfig(hidden_size=256, intermediate_size=512, num_attention_heads=2, num_key_value_heads=1,
+                        head_dim=128, vocab_size=64, draft_vocab_size=32)
+    d = Eagle3Drafter(big)
+    d.set_vocab(torch.arange(32) * 2)
+    with pytest.raises(CheckpointError, match=r"step_00000002: cannot write the checkpoint .*earlier checkpoints"):
+        save_drafter(d.state_dict(), big, root / "step_00000002", {"step": 2})
+    assert tree_digest(root) == before and [s for s, _ in list_checkpoints(root)] == [1]
+
+
+def test_disk_full_during_generate_names_the_shard(tiny_disk):
+    from eagle3lib.data.records import ShardWriter, iter_records
+
+    with ShardWriter(tiny_disk / "gen", 10_000) as w:
+        w.write({"id": "a", "status": "ok"})
+        with pytest.raises(OSError, match=r"shard-00000.jsonl: cannot append a record .*written so far are kept"):
+            for i in range(100_000):
+                w.write({"id": f"x{i}", "status": "ok", "pad": "y" * 1000})
+    ids = [r["id"] for _, _, r in iter_records(tiny_disk / "gen")]
+    assert ids[0] == "a" and len(ids) > 10
