@@ -462,3 +462,25 @@ def test_disk_full_during_generate_names_the_shard(tiny_disk):
                 w.write({"id": f"x{i}", "status": "ok", "pad": "y" * 1000})
     ids = [r["id"] for _, _, r in iter_records(tiny_disk / "gen")]
     assert ids[0] == "a" and len(ids) > 10
+
+
+def test_resume_falls_back_past_a_damaged_checkpoint(tmp_path, one_thread, capsys):
+    from test_golden_loss import _store, _verifier
+
+    from eagle3lib.config.stages import open_stage
+    from eagle3lib.training.loop import train
+
+    run = tmp_path / "run"
+    run.mkdir()
+    _store(run / "extract")
+    over = {"verifier.model": str(_verifier(tmp_path / "verifier")), "train.max_steps": 6, "train.ckpt_every": 2,
+            "train.keep_checkpoints": 3, "train.log_every": 1, "train.nproc_per_node": 1, "train.threads": 1,
+            "train.draft_vocab_size": 128, "train.packed_row_tokens": 128, "train.batch_rows": 2,
+            "train.val_fraction": 0.0}
+    train(open_stage("train", "tiny", run, over))
+    newest = run / "train" / "checkpoints" / "step_00000006" / "model.safetensors"
+    newest.write_bytes(newest.read_bytes()[:1000])  # e.g. the disk filled up while it was copied
+    m = train(open_stage("train", "tiny", run, {**over, "train.max_steps": 8}))
+    out = capsys.readouterr().out
+    assert m["figures"]["resumed_from_step"] == 4 and m["figures"]["steps"] == 8
+    assert f"skipped a damaged checkpoint: {newest}: damaged weights" in out

@@ -40,7 +40,8 @@ def _trained_train_dir(tiny_verifier: Path) -> Path:
     """RUN/train of a real training run (3 epochs, ~285 samples of the train tests' store), built once into
     .cache/test-evaluate-train/<key>/ (keyed by the training code, so a change there retrains)."""
     src = hashlib.sha256()
-    for name in ("drafter.py", "checkpoint.py", "train.py", "ttt.py", "packing.py", "draft_vocab.py"):
+    for name in ("model/drafter.py", "model/checkpoint.py", "training/loop.py", "model/ttt.py", "model/ttt_attention.py",
+                 "data/packing.py", "model/draft_vocab.py"):
         src.update((REPO_ROOT / "eagle3lib" / name).read_bytes())
     src.update(json.dumps([tiny_verifier.name, TRAIN]).encode())
     root = cache_dir() / "test-evaluate-train"

@@ -1,4 +1,5 @@
-"""Run stage notebooks headlessly with papermill, in order, into a run directory.
+"""Run stage notebooks headlessly with papermill, in order, into a run directory (RUN_DIR/run.json records the run:
+each stage's seconds or "skipped", the shared verifier server's start-up, the status).
 
 Per stage, RUN_DIR/<stage>/ gets the executed notebook, its HTML rendering (report.html) and manifest.json; the stage's
 own outputs land there too. A stage whose manifest says complete is skipped unless forced. The first failing stage stops
@@ -17,6 +18,7 @@ from typing import Any
 
 from eagle3lib.config.profile import load_profile
 from eagle3lib.config.stages import Stage, existing_stages, get_stage, stage_params
+from eagle3lib.core.atomic import write_json_atomic
 from eagle3lib.core.manifest import now_iso, read_manifest, update_manifest
 from eagle3lib.core.paths import NOTEBOOKS_DIR, REPO_ROOT
 from eagle3lib.pipeline.index import write_index
@@ -178,6 +180,7 @@ class _SharedServer:
     def __init__(self, prof, run_dir: Path, will_run: list[str]):
         self.server = None
         self.last = None
+        self.start_s: float | None = None
         vcfg = prof.verifier
         needs = [s for s in SHARED_SERVER_STAGES if s in will_run]
         if len(needs) < 2 or vcfg.server_url or not prof.section("verifier_report").serve:
@@ -199,7 +202,8 @@ class _SharedServer:
         except Exception as e:
             raise StageFailed(f"stage '{stage}' failed: the verifier server did not start: {e}") from None
         os.environ[SHARED_URL_ENV] = self.server.base_url
-        _say(f"verifier server up in {time.time() - t0:.0f} s at {self.server.base_url}")
+        self.start_s = round(time.time() - t0, 1)
+        _say(f"verifier server up in {self.start_s:.0f} s at {self.server.base_url}")
 
     def after(self, stage: str) -> None:
         if stage == self.last:
@@ -240,18 +244,30 @@ def run_pipeline(
     check_run_dir(run_dir)
     _say(f"profile {prof.name} ({prof.path}) -> {run_dir}; stages: {', '.join(s.name for s in selected)}")
     shared = _SharedServer(prof, run_dir, [s.name for s in selected if _will_run(s, run_dir, force)])
+    record: dict[str, Any] = {"profile": prof.name, "started_at": now_iso(), "stages": {}, "status": "running"}
+    t_run = time.time()
     try:
         for i, stage in enumerate(selected, 1):
-            _run_one(i, stage, selected, prof, profile_arg, run_dir, overrides, force, shared)
+            t0 = time.time()
+            record["stages"][stage.name] = "running"
+            record["stages"][stage.name] = _run_one(i, stage, selected, prof, profile_arg, run_dir, overrides, force,
+                                                    shared) or round(time.time() - t0, 1)
+        record["status"] = "complete"
+    except BaseException as e:
+        record["status"], record["error"] = "failed", f"{type(e).__name__}: {e}"
+        raise
     finally:
         shared.stop()
+        record.update(finished_at=now_iso(), wall_s=round(time.time() - t_run, 1), shared_server_start_s=shared.start_s)
+        write_json_atomic(run_dir / "run.json", record)
     index = write_index(run_dir)
     _say(f"done: {index}")
     return index
 
 
 def _run_one(i: int, stage: Stage, selected: list[Stage], prof, profile_arg: str, run_dir: Path,
-             overrides: dict[str, Any], force: bool, shared: _SharedServer) -> None:
+             overrides: dict[str, Any], force: bool, shared: _SharedServer) -> str | None:
+    """Run (or skip) one stage; returns "skipped" when it was skipped."""
     expected = stage_params(prof, stage)
     stage_dir = run_dir / stage.name
     m = read_manifest(stage_dir)
@@ -266,7 +282,7 @@ def _run_one(i: int, stage: Stage, selected: list[Stage], prof, profile_arg: str
         diffs = _param_diff(m.get("params", {}), expected)
         note = f" (parameters changed: {'; '.join(diffs)}; use --force to re-run)" if diffs else ""
         _say(f"[{i}/{len(selected)}] {stage.name}: complete, skipped{note}")
-        return
+        return "skipped"
     _say(f"[{i}/{len(selected)}] {stage.name}: running {stage.notebook}")
     t0 = time.time()
     try:

@@ -69,7 +69,7 @@ def run(ctx) -> dict[str, Any]:
 
 
 def _run(ctx, cfg, vcfg, timer) -> dict[str, Any]:
-    from eagle3lib.model.checkpoint import CheckpointError, check_servable
+    from eagle3lib.model.checkpoint import CheckpointError, check_servable, read_config
     from eagle3lib.model.verifier import load_config, load_tokenizer, resolve_model
 
     out_dir: Path = ctx.dir
@@ -78,10 +78,11 @@ def _run(ctx, cfg, vcfg, timer) -> dict[str, Any]:
     model_path = resolve_model(vcfg.model)
     vconf = load_config(model_path, vcfg.trust_remote_code)
     try:
-        dcfg = check_servable(ckpt)  # what vLLM needs, before any server starts
+        dcfg = read_config(ckpt)
+        check_drafter(ckpt, dcfg, vconf, model_path)  # trained for this verifier?
+        check_servable(ckpt)  # and loadable by vLLM, before any server starts
     except CheckpointError as e:
         raise EvaluateError(str(e)) from None
-    check_drafter(ckpt, dcfg, vconf, model_path)
     k = cfg.ttt_steps or ctx.profile.section("train").ttt_steps
     k_trained = int(dcfg.ttt_steps)
     if k > k_trained:

@@ -336,6 +336,9 @@ def generate(cfg, verifier_cfg, out_dir: str | Path, *, manifest_params: dict[st
     read_stats = ReadStats()
     figures.update(dataset_figures(prompts, latest_records(out_dir, read_stats)))
     figures["torn_lines_ignored"] = read_stats.torn_lines  # 0 unless a shard was damaged in the middle
+    if read_stats.torn_lines:
+        print(f"generate: {read_stats.torn_lines} unreadable line(s) in the shards ({', '.join(read_stats.torn_at)}) "
+              "ignored: their prompts count as not answered and are answered again by the next run", file=sys.stderr)
     if stats.generated:
         figures.update(_run_figures(stats, wall))
     else:  # nothing left to do: keep the throughput figures of the run that did the work
