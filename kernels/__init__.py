@@ -1,4 +1,4 @@
-"""Triton kernels for drafter training, with torch fallbacks. API (details in kernels/README.md):
+"""Triton kernels for drafter training, with torch fallbacks. API (details in kernels/README.md, code in api.py):
 
     select_backend(device, prefer="auto") -> "triton" | "torch"
     rms_norm(x, weight, eps=1e-6, *, backend=None) -> Tensor
@@ -6,94 +6,40 @@
         -> DraftLossOutput(loss, argmax)      (torch backend: the reference with a hand-written backward)
 
 Every tile is chosen by kernels.launch from model dimensions and the GPU's shared-memory budget, never from the
-sequence length.
+sequence length. This folder installs as `eagle3lib.kernels` (pyproject.toml maps it there).
 """
 
-from __future__ import annotations
+if __name__ == "kernels":
+    # Imported under the top-level name `kernels`: the repository root is on sys.path (a command started from it), so
+    # this folder shadows Hugging Face's `kernels` package, which transformers imports when it is installed. Hand the
+    # name over to that package, or fail as if this folder were not there.
+    import importlib.machinery
+    import importlib.util
+    import os
+    import sys
 
-import functools
-import logging
-import os
-from typing import Literal
+    _root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    _spec = importlib.machinery.PathFinder.find_spec(
+        "kernels", [p for p in sys.path if os.path.abspath(p or os.curdir) != _root])
+    if _spec is None:
+        del sys.modules["kernels"]
+        raise ModuleNotFoundError("No module named 'kernels' (this repository's kernels are eagle3lib.kernels)",
+                                  name="kernels")
+    _module = importlib.util.module_from_spec(_spec)
+    sys.modules["kernels"] = _module  # what the `import kernels` statement returns
+    _spec.loader.exec_module(_module)
+else:
+    from .api import (
+        DraftLossConfig,
+        DraftLossOutput,
+        RMSNormConfig,
+        draft_kl_loss,
+        draft_loss_config,
+        rms_norm,
+        rmsnorm_config,
+        select_backend,
+        smem_budget,
+    )
 
-import torch
-
-from . import draft_loss as _draft_loss
-from . import rmsnorm as _rmsnorm
-from .draft_loss import DraftLossOutput
-from .launch import DraftLossConfig, RMSNormConfig, draft_loss_config, rmsnorm_config, smem_budget
-
-__all__ = [
-    "DraftLossConfig",
-    "DraftLossOutput",
-    "RMSNormConfig",
-    "draft_kl_loss",
-    "draft_loss_config",
-    "rms_norm",
-    "rmsnorm_config",
-    "select_backend",
-    "smem_budget",
-]
-
-Backend = Literal["triton", "torch"]
-log = logging.getLogger("eagle3lib.kernels")
-
-
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
-
-
-def _triton_drives_gpu() -> tuple[str, bool]:
-    # The launch tables are NVIDIA's; a ROCm build also reports device type "cuda" but gets the torch path.
-    try:
-        from triton.runtime import driver
-
-        target = driver.active.get_current_target()
-    except Exception as exc:  # a broken driver/toolchain must degrade to torch, not stop training
-        return f"triton cannot drive this GPU ({type(exc).__name__}: {exc})", False
-    if target.backend != "cuda":
-        return f"triton backend {target.backend!r} is not NVIDIA CUDA", False
-    return f"NVIDIA GPU sm_{target.arch}", True
-
-
-@functools.cache
-def _select(device_type: str, index: int | None, prefer: str) -> Backend:
-    if prefer not in ("auto", "triton", "torch"):
-        raise ValueError(f"prefer must be 'auto', 'triton' or 'torch', got {prefer!r}")
-    if device_type == "cuda":
-        reason, triton_ok = _triton_drives_gpu()
-    elif device_type == "cpu" and _interpreting():
-        reason = "CPU under TRITON_INTERPRET=1 (slow; for tests)"
-        triton_ok = prefer == "triton"  # "auto" on CPU stays on torch even under the interpreter
-    else:
-        reason, triton_ok = f"no Triton backend for device type {device_type!r}", False
-    if prefer == "triton" and not triton_ok:
-        raise RuntimeError(f"backend 'triton' requested but unavailable: {reason}")
-    choice: Backend = "triton" if prefer != "torch" and triton_ok else "torch"
-    log.info("kernels backend for %s%s: %s (prefer=%s; %s)", device_type, "" if index is None else f":{index}",
-             choice, prefer, reason)
-    return choice
-
-
-def select_backend(device: torch.device | str, prefer: str = "auto") -> Backend:
-    """"triton" on NVIDIA CUDA devices, "torch" elsewhere. prefer="torch" forces torch; prefer="triton" raises where
-    impossible (on CPU it is allowed only under TRITON_INTERPRET=1). Logged once per (device, prefer) at INFO to the
-    logger "eagle3lib.kernels"."""
-    device = torch.device(device)
-    return _select(device.type, device.index, prefer)
-
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *, backend: str | None = None) -> torch.Tensor:
-    """RMSNorm over the last dim of x. backend: None/"auto" chooses by device; "triton" or "torch" forces one."""
-    if select_backend(x.device, backend or "auto") == "triton":
-        return _rmsnorm.rms_norm(x, weight, eps)
-    return _rmsnorm.rms_norm_reference(x, weight, eps)
-
-
-def draft_kl_loss(h: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, mask: torch.Tensor | None = None, *,
-                  backend: str | None = None, **kw) -> DraftLossOutput:
-    """Draft-vocab loss of logits h @ weight.T against softmax(target); definitions and keywords (kind, reduction) in
-    kernels/draft_loss.py. Triton: the fused kernel; torch: the reference with its hand-written backward."""
-    if select_backend(h.device, backend or "auto") == "triton":
-        return _draft_loss.draft_kl_loss(h, weight, target, mask, **kw)
-    return _draft_loss.draft_kl_loss_reference(h, weight, target, mask, manual_backward=True, **kw)
+    __all__ = ["DraftLossConfig", "DraftLossOutput", "RMSNormConfig", "draft_kl_loss", "draft_loss_config", "rms_norm",
+               "rmsnorm_config", "select_backend", "smem_budget"]

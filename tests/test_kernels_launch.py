@@ -13,7 +13,7 @@ import random
 
 import pytest
 import torch
-from eagle3lib.kernels import draft_loss, launch, rmsnorm
+from eagle3lib.kernels import api, draft_loss, launch, rmsnorm
 from eagle3lib.kernels.launch import SMEM_LIMITS, draft_loss_config, rmsnorm_config
 
 from eagle3lib import kernels
@@ -81,7 +81,7 @@ def test_budget_without_gpu_is_the_smallest_supported() -> None:
 
 
 def test_select_backend_on_cpu_and_logging(monkeypatch, caplog) -> None:
-    kernels._select.cache_clear()
+    api._select.cache_clear()
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     with caplog.at_level(logging.INFO, logger="eagle3lib.kernels"):
         assert kernels.select_backend("cpu") == "torch"
@@ -92,14 +92,14 @@ def test_select_backend_on_cpu_and_logging(monkeypatch, caplog) -> None:
     with pytest.raises(ValueError):
         kernels.select_backend("cpu", prefer="fast")
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    kernels._select.cache_clear()
+    api._select.cache_clear()
     assert kernels.select_backend("cpu") == "torch"  # the interpreter is for tests, never chosen automatically
     assert kernels.select_backend("cpu", prefer="triton") == "triton"
-    kernels._select.cache_clear()
+    api._select.cache_clear()
 
 
 def test_dispatchers_use_the_torch_reference_on_cpu() -> None:
-    kernels._select.cache_clear()
+    api._select.cache_clear()
     x = torch.randn(3, 5, 8)
     w = torch.rand(8)
     torch.testing.assert_close(kernels.rms_norm(x, w, 1e-6), rmsnorm.rms_norm_reference(x, w, 1e-6))

@@ -153,14 +153,16 @@ def test_pyproject_lists_every_package():
     assert listed == packages
 
 
-def test_kernels_do_not_take_the_top_level_name():
+@pytest.mark.parametrize("cwd", ["/", "repo"], ids=["outside", "repo-root"])
+def test_kernels_do_not_take_the_top_level_name(cwd):
     """Hugging Face's `kernels` package is what `import kernels` means to transformers; ours is eagle3lib.kernels.
-    Both imported in one fresh interpreter started outside the repository (the project never puts the repository
-    root on the path: stages and training processes start in their run folders)."""
-    code = ("import kernels, eagle3lib.kernels as ours, transformers.integrations.hub_kernels;"
+    Both imported in one fresh interpreter, also one started in the repository root (which puts the top-level
+    kernels/ folder first on the path: it hands the name over)."""
+    code = ("import transformers.activations, kernels, eagle3lib.kernels as ours;"
             "from transformers.utils import is_kernels_available;"
             "print(ours.__file__); print(kernels.__file__); print(hasattr(kernels, 'get_kernel'), is_kernels_available())")
-    out = subprocess.run([sys.executable, "-P", "-c", code], capture_output=True, text=True, cwd="/")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=str(ROOT) if cwd == "repo" else cwd)
     assert out.returncode == 0, out.stderr[-2000:]
     ours, theirs, flags = out.stdout.split("\n")[:3]
     assert Path(ours) == KERNELS / "__init__.py"

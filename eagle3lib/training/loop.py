@@ -52,8 +52,8 @@ from eagle3lib.training.setup import (
     TrainingError,
     TrainingInterrupted,
     check_store,
-    pick_device,
     select_kernels,
+    training_device,
 )
 
 
@@ -115,7 +115,7 @@ class Trainer:
         self.rank, self.world = dist.rank(), dist.world()
         self.out_dir: Path = ctx.dir
         self.ckpt_root = self.out_dir / "checkpoints"
-        self.device = pick_device(cfg)
+        self.device = training_device(cfg)
         self.K = cfg.ttt_steps
         if self.device.type == "cpu":
             local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
@@ -486,7 +486,7 @@ class Trainer:
 
 def train(ctx, *, on_record=None) -> dict[str, Any]:
     """Train in this process (alone, or as one torchrun rank). Returns the manifest (rank 0) or {} (other ranks)."""
-    with dist.process_group(pick_device(ctx.cfg)):
+    with dist.process_group(training_device(ctx.cfg)):
         rank = dist.rank()
         t_start = time.time()
         timer = StageTimer(ctx.dir, ctx.manifest_params()) if rank == 0 else None

@@ -32,7 +32,8 @@ def select_kernels(choice: str, device: torch.device) -> str:
         raise TrainingError(f"train.kernels={choice}: {e}") from None
 
 
-def pick_device(cfg) -> torch.device:
+def training_device(cfg) -> torch.device:
+    """This process's device: train.device, and under torchrun the GPU of its LOCAL_RANK."""
     if cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available()):
         if not torch.cuda.is_available():
             raise TrainingError("train.device=cuda but CUDA is not available")
