@@ -23,6 +23,8 @@ def test_fmt_and_figures_table():
     assert fmt(float("nan")) == "nan"
     t = figures_table({"samples": 1200, "tau": 3.1666, "nested": {"a": 1}, "skip_me": 1}, skip=["skip_me"])
     assert t.rows() == [("samples", "1,200"), ("tau", "3.167")]
+    many = figures_table({f"f{i}": i for i in range(40)})._repr_html_()  # shown whole, no "…" row
+    assert many.count("<tr>") == 41 and "f39" in many and "…" not in many
 
 
 def test_verifier_report():

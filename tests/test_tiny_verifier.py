@@ -53,7 +53,8 @@ def test_shipped_verifier_is_this_recipe(tmp_path):
                                   "python -m eagle3lib build-verifier --ship")
     rebuilt = build_tiny_verifier(TinyRecipe(), tmp_path, progress=False, max_steps=FIRST_LOSSES)
     shipped = json.loads((SHIPPED / "build_report.json").read_text())
-    assert rebuilt["first_losses"] == pytest.approx(shipped["first_losses"], rel=1e-5, abs=1e-6)
+    # rel 1e-4: another CPU's fp32 kernels may sum in another order; a recipe change moves these by far more
+    assert rebuilt["first_losses"] == pytest.approx(shipped["first_losses"], rel=1e-4, abs=1e-6)
     for name in ("tokenizer.json", "tokenizer_config.json"):
         assert (tmp_path / name).read_bytes() == (SHIPPED / name).read_bytes(), name
 

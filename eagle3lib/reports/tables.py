@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import math
 from collections.abc import Iterable
 from typing import Any
@@ -26,11 +27,32 @@ def fmt(value: Any) -> str:
     return str(value)
 
 
-def figures_table(figures: dict[str, Any], skip: Iterable[str] = ()) -> pl.DataFrame:
+class Table:
+    """A table a notebook shows whole and formatted for people (polars cuts a long frame to "…" rows and prints dtype
+    rows and quoted strings); `.frame` is the data."""
+
+    def __init__(self, frame: pl.DataFrame):
+        self.frame = frame
+
+    def rows(self) -> list[tuple]:
+        return self.frame.rows()
+
+    def _repr_html_(self) -> str:
+        head = "".join(f"<th>{html.escape(c)}</th>" for c in self.frame.columns)
+        body = "".join("<tr>" + "".join(f"<td>{html.escape(fmt(v))}</td>" for v in row) + "</tr>"
+                       for row in self.frame.iter_rows())
+        return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+    def __repr__(self) -> str:
+        with pl.Config(tbl_rows=-1, tbl_cols=-1, fmt_str_lengths=200):
+            return repr(self.frame)
+
+
+def figures_table(figures: dict[str, Any], skip: Iterable[str] = ()) -> Table:
     """figure | value, in the manifest's order, every row shown (the stage's manifest.json holds the raw numbers)."""
     skip = set(skip)
     rows = [(k, fmt(v)) for k, v in figures.items() if k not in skip and not isinstance(v, dict)]
-    return pl.DataFrame(rows, schema={"figure": pl.String, "value": pl.String}, orient="row")
+    return Table(pl.DataFrame(rows, schema={"figure": pl.String, "value": pl.String}, orient="row"))
 
 
 def full_tables() -> None:
