@@ -71,6 +71,12 @@ def test_tiny_pipeline_end_to_end(tiny_verifier, tmp_path):
         assert 1.0 <= e[key] <= k + 1, (key, e[key])
     assert e["vllm_tokens_per_s_spec"] > 0 and e["vllm_tokens_per_s_base"] > 0
 
+    # one verifier server served generate and evaluate's base measurement (the verifier report is off here)
+    assert json.loads((run / "run.json").read_text())["shared_server_start_s"] > 0
+    assert g["server_mode"] == "shared"
+    base = json.loads((run / "evaluate" / "results.json").read_text())["vllm"]["base_server"]
+    assert base["shared"] and not (run / "evaluate" / "vllm_base.log").exists()
+
     lc = manifest(run, "learning_curves")["figures"]
     assert lc  # the curves stage read this run's metrics
     cp = manifest(run, "cost_projection")["figures"]

@@ -76,3 +76,21 @@ def test_a_stage_older_than_its_input_is_stale(tmp_path):
     manifest("train", "2026-11-30T11:00:00+00:00", "2026-11-30T11:05:00+00:00")  # re-trained
     assert "train was re-run after it" in stale_reason(tmp_path, "evaluate")
     assert stale_reason(tmp_path, "verifier") is None  # the verifier report feeds no stage
+
+
+def test_one_shared_verifier_server_for_the_stages_that_serve_the_verifier_alone(tmp_path):
+    from eagle3lib.config.profile import load_profile, parse_set
+    from eagle3lib.pipeline.runner import _SharedServer
+
+    def users(will_run, *sets):
+        s = _SharedServer(load_profile("tiny", parse_set(list(sets))), tmp_path, will_run)
+        return getattr(s, "users", None)
+
+    every = ["verifier", "generate", "extract", "train", "evaluate"]
+    assert users(every) == ["verifier", "generate", "evaluate"]
+    assert users(every, "verifier_report.serve=false") == ["generate", "evaluate"]
+    assert users(every, "evaluate.server_args=[--max-num-seqs, '8']") == ["verifier", "generate"]  # not like-for-like
+    assert users(every, "evaluate.base_server_url=http://127.0.0.1:9") == ["verifier", "generate"]
+    assert users(["generate", "extract"]) is None  # one user: it starts its own
+    assert users(["evaluate"]) is None  # overlapping its start with the library measurement is better
+    assert users(every, "verifier.server_url=http://127.0.0.1:9") is None  # a running server is used as is

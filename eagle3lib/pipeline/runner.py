@@ -170,33 +170,38 @@ def check_run_dir(run_dir: Path) -> None:
         raise ValueError(f"--run-dir {run_dir}: cannot write there ({e.strerror or e})") from None
 
 
-SHARED_SERVER_STAGES = ("verifier", "generate")  # consecutive stages that serve the verifier with the same settings
-
-
 class _SharedServer:
-    """One local verifier server for the verifier report and generate when both run in this invocation: a vLLM
-    start-up (a minute or more on CPU) saved. Started before the first, stopped after the last, behind the guard."""
+    """One local verifier server for every stage of this invocation that serves the verifier alone with the same
+    settings: the verifier report, generate, and evaluate's base measurement (kept up, idle at ~2% of a core, through
+    extract and train). Each vLLM start-up saved is a minute or more on CPU. Started before the first of them,
+    stopped after the last, behind the guard; used only when at least two of them run."""
 
     def __init__(self, prof, run_dir: Path, will_run: list[str]):
         self.server = None
-        self.last = None
+        self.first = self.last = None
         self.start_s: float | None = None
-        vcfg = prof.verifier
-        needs = [s for s in SHARED_SERVER_STAGES if s in will_run]
-        if len(needs) < 2 or vcfg.server_url or not prof.section("verifier_report").serve:
+        users = []
+        if "verifier" in will_run and prof.section("verifier_report").serve:
+            users.append("verifier")
+        if "generate" in will_run:
+            users.append("generate")
+        ev = prof.section("evaluate")
+        if "evaluate" in will_run and ev.vllm and not ev.base_server_url and not ev.server_args:
+            users.append("evaluate")  # like-for-like: a local base server would get exactly these settings
+        if prof.verifier.server_url or len(users) < 2 or users[0] == "evaluate":
             return
-        self.last = needs[-1]
+        self.users, self.first, self.last = users, users[0], users[-1]
         self.prof, self.log = prof, run_dir / "vllm-verifier.log"
 
     def before(self, stage: str) -> None:
-        if self.last is None or self.server is not None or stage not in SHARED_SERVER_STAGES:
+        if stage != self.first or self.server is not None:
             return
         from eagle3lib.model.verifier import resolve_model
         from eagle3lib.vllm.server import SHARED_URL_ENV, server_for_verifier
 
         vcfg = self.prof.verifier
         t0 = time.time()
-        _say(f"starting one verifier server for {', '.join(SHARED_SERVER_STAGES)} (log: {self.log})")
+        _say(f"starting one verifier server for {', '.join(self.users)} (log: {self.log})")
         try:
             self.server = server_for_verifier(vcfg, resolve_model(vcfg.model), self.log).start()
         except Exception as e:

@@ -115,7 +115,7 @@ def _run(ctx, cfg, vcfg, timer) -> dict[str, Any]:
             "extra_server_args": vcfg.extra_server_args, "warmup": cfg.warmup_requests}
     servers = Servers(cfg, vcfg, model_path, out_dir)
     spec_cfg = {"method": "eagle3", "model": str(ckpt), "num_speculative_tokens": k}
-    keys = {w: {**vkey, "which": w, "url": servers.url(w)[0]} for w in ("spec", "base")}
+    keys = {w: {**vkey, "which": w, "url": servers.key_url(w)} for w in ("spec", "base")}
     cached = {w: load_phase(out_dir, f"vllm_{w}", keys[w]) if cfg.vllm else None for w in ("spec", "base")}
     lib_raw = load_phase(out_dir, "library", lib_key) if cfg.library else None
     try:
@@ -150,6 +150,7 @@ def _run(ctx, cfg, vcfg, timer) -> dict[str, Any]:
                     ep = servers.get(w)
                     res = _as_input_error(measure_vllm, cfg, ep, prompts, k, w, servers.url(w)[1])
                     res["server"]["external"] = servers.url(w)[0] is not None
+                    res["server"]["shared"] = servers.key_url(w) == "shared"
                     res["server"]["start_seconds"] = servers.start_seconds.get(w)
                     servers.close(w)  # the next server measures alone
                     save_phase(out_dir, f"vllm_{w}", keys[w], res)

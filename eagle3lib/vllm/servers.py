@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from eagle3lib.vllm.endpoint import ServerError, verifier_endpoint
-from eagle3lib.vllm.server import server_for_verifier
+from eagle3lib.vllm.server import server_for_verifier, shared_verifier_url
 
 
 class Servers:
@@ -26,12 +26,22 @@ class Servers:
         self.start_seconds: dict[str, float] = {}  # launch to /health OK, local servers
 
     def url(self, which: str) -> tuple[str | None, str]:
-        """(URL of a running server or None, the config key that names it)."""
+        """(URL of a running server or None, the config key that names it). The base measurement also uses the
+        runner's shared verifier server when it runs with exactly the settings a local one would get here (no
+        evaluate.server_args): one start-up fewer, and still like-for-like with the spec server."""
         if which == "spec":
             return self.cfg.spec_server_url, "evaluate.spec_server_url"
         if self.cfg.base_server_url:
             return self.cfg.base_server_url, "evaluate.base_server_url"
+        if not self.vcfg.server_url and not self.cfg.server_args and shared_verifier_url():
+            return shared_verifier_url(), "the runner's shared verifier server"
         return self.vcfg.server_url, "verifier.server_url"
+
+    def key_url(self, which: str) -> str | None:
+        """What a measurement phase is keyed by: the URL of a given server, "shared" for the runner's (its port
+        changes from run to run), None for a local one."""
+        url, key = self.url(which)
+        return "shared" if key == "the runner's shared verifier server" else url
 
     def open(self, which: str, speculative_config: dict[str, Any] | None, background: bool) -> None:
         url, key = self.url(which)
