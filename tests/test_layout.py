@@ -18,7 +18,7 @@ LAYERS = {
     "core": 0,
     "config": 1,
     "data": 2, "kernels": 2, "tiny": 2,
-    "model": 3, "vllm": 3,
+    "model": 3, "vllm": 3, "trackers": 3,
     "training": 4, "evaluation": 4, "analysis": 4,
     "reports": 5,
     "stages": 6,

@@ -18,6 +18,7 @@ SMALL = [
     "train.max_steps=24",
     "train.nproc_per_node=2",
     "train.log_every=4",
+    "train.report_to=[tensorboard]",  # rank 0 alone logs; the evaluate stage adds its table to the same run
     "evaluate.n_prompts=6",
     "evaluate.max_tokens=48",
     "evaluate.lib_max_prompts=3",
@@ -64,12 +65,22 @@ def test_tiny_pipeline_end_to_end(tiny_verifier, tmp_path):
     assert 1.0 <= tf["tau_est"] <= k + 1 and 1.0 <= tf["val_tau_est"] <= k + 1
     assert (run / "train" / "metrics.jsonl").exists()
     assert (run / "train" / t["outputs"]["checkpoint"] / "config.json").exists()
+    from eagle3lib.trackers.tensorboard_log import read_tensorboard
+    from eagle3lib.training.metrics import read_metrics
+
+    assert len(list((run / "train" / "tensorboard").glob("events.out.tfevents.*"))) == 2  # train (rank 0), evaluate
+    tb = read_tensorboard(run / "train" / "tensorboard")
+    jsonl = read_metrics(run / "train" / "metrics.jsonl")
+    assert [(r["kind"], r["step"]) for r in tb if r["kind"] != "evaluate"] == [(r["kind"], r["step"]) for r in jsonl]
+    assert all(abs(a["loss"] - b["loss"]) <= 1e-5 * b["loss"] for a, b in zip(tb, jsonl, strict=False))
 
     e = manifest(run, "evaluate")["figures"]
     assert e["ttt_steps"] == k and e["num_prompts"] == 6 and e["num_prompts_lib"] == 3
     for key in ("tau_vllm_greedy", "tau_lib_greedy", "tau_train_est"):
         assert 1.0 <= e[key] <= k + 1, (key, e[key])
     assert e["vllm_tokens_per_s_spec"] > 0 and e["vllm_tokens_per_s_base"] > 0
+    (ev,) = [r for r in tb if r["kind"] == "evaluate"]
+    assert ev["step"] == tf["steps"] + 1 and abs(ev["tau_vllm_greedy"] - e["tau_vllm_greedy"]) < 1e-5
 
     # one verifier server served generate and evaluate's base measurement (the verifier report is off here)
     assert json.loads((run / "run.json").read_text())["shared_server_start_s"] > 0

@@ -25,6 +25,7 @@ from eagle3lib.analysis.log_sources import (
     fetch,
     parse_jsonl,
     parse_speculators_log,
+    parse_tensorboard,
 )
 from eagle3lib.core.atomic import write_bytes_atomic
 
@@ -154,6 +155,8 @@ def load_run(source: Source, fmt: str = "auto", smoothing: float = 0.9, eta_wind
              total_steps: int | None = None, timeout_s: float = 60.0, copy_dir: Path | None = None) -> RunMetrics:
     """Fetch, parse, de-duplicate and complete one metrics file; every error names the file."""
     where = source.location
+    if source.tensorboard:
+        return _finish_run(source, "tensorboard", parse_tensorboard(source), smoothing, eta_window, total_steps, None)
     data = fetch(source, timeout_s)
     local_copy = None
     if source.ssh is not None and copy_dir is not None:  # what the report was made from, kept next to it
@@ -167,6 +170,12 @@ def load_run(source: Source, fmt: str = "auto", smoothing: float = 0.9, eta_wind
         raise ValueError(f"{where}: no metrics lines (expected JSON lines with a 'step', or speculators console lines "
                          "like 'train/loss_0=2.31, ..., global_step=12')")
     parsed = parse_jsonl(data, where) if kind == "eagle3lib" else parse_speculators_log(data, where)
+    return _finish_run(source, kind, parsed, smoothing, eta_window, total_steps, local_copy)
+
+
+def _finish_run(source: Source, kind: str, parsed, smoothing: float, eta_window: int, total_steps: int | None,
+                local_copy: str | None) -> RunMetrics:
+    where = source.location
     if not parsed.rows:
         raise ValueError(f"{where}: no metrics records among {parsed.lines} lines (format {kind}; "
                          f"{parsed.bad_lines} unreadable)")

@@ -9,6 +9,9 @@ Sources are local paths, globs, or `ssh://[user@]host[:port]/path` (fetched with
   lr=3.00e-05, global_step=12` (validation: `val/loss_0_epoch=..., epoch=0`), printed by rich's log handler, which
   prefixes `[HH:MM:SS] INFO` and wraps long records onto indented continuation lines. tqdm's `Epoch 0: ... 530/4430`
   bars and `Training epoch 1/3 started` lines give the run length for the ETA.
+- a TensorBoard log directory (eagle3lib's `RUN_DIR/train/tensorboard/`, or another tool's): every folder under it
+  holding event files is one run, read with TensorBoard's own reader (eagle3lib/trackers/tensorboard_log.py); tags
+  `train/x` and `val/x` become field x of that kind.
 
 Files are read while training appends to them: a torn last line is ignored (a torn line in the middle, left by a crash
 before a resume, is skipped and counted).
@@ -84,6 +87,7 @@ class Source:
     location: str  # absolute local path, or the ssh URL
     label: str
     ssh: SshTarget | None = None
+    tensorboard: bool = False  # a folder of TensorBoard event files, not a file
 
 
 def _default_label(path: str) -> str:
@@ -91,6 +95,12 @@ def _default_label(path: str) -> str:
     if p.parent.name == "train" and p.parent.parent.name:
         return p.parent.parent.name  # RUN_DIR/train/metrics.jsonl -> RUN_DIR's name
     return f"{p.parent.name}/{p.name}" if p.parent.name else p.name
+
+
+def _tensorboard_label(run: Path, root: Path) -> str:
+    if run.name == "tensorboard" and run.parent.name == "train" and run.parent.parent.name:
+        return run.parent.parent.name  # RUN_DIR/train/tensorboard -> RUN_DIR's name
+    return str(run.relative_to(root)) if run != root else run.name
 
 
 def expand_sources(specs: list[str], default: Path, labels: list[str] | None = None) -> list[Source]:
@@ -103,6 +113,14 @@ def expand_sources(specs: list[str], default: Path, labels: list[str] | None = N
             continue
         p = Path(spec).expanduser()
         p = p if p.is_absolute() else REPO_ROOT / p
+        if p.is_dir():
+            from eagle3lib.trackers.tensorboard_log import event_dirs
+
+            runs = event_dirs(p)
+            if not runs:
+                raise ValueError(f"metrics source {spec!r}: {p} is a folder without TensorBoard event files")
+            out += [Source(spec, str(d), _tensorboard_label(d, p), tensorboard=True) for d in runs]
+            continue
         if glob.has_magic(str(p)):
             matches = sorted(m for m in glob.glob(str(p), recursive=True) if Path(m).is_file())
             if not matches:
@@ -282,6 +300,16 @@ def parse_speculators_log(data: bytes, where: str) -> Parsed:
     if totals and epochs:
         res.total_steps = max(totals) * max(epochs)
     return res
+
+
+def parse_tensorboard(source: Source) -> Parsed:
+    from eagle3lib.trackers.tensorboard_log import read_tensorboard
+
+    try:
+        rows = [r for r in read_tensorboard(source.location) if r["kind"] in ("train", "val")]
+    except Exception as e:  # a damaged event file: name it
+        raise ValueError(f"{source.location}: TensorBoard could not read these event files ({type(e).__name__}: {e})") from None
+    return Parsed(rows=[_numeric(r) for r in rows], lines=len(rows))
 
 
 def detect_format(data: bytes) -> str | None:

@@ -16,7 +16,7 @@ ProjectedStage = Literal["generate", "extract", "train"]
 
 
 class LearningCurvesConfig(StageConfig):
-    sources: list[str] = []  # metrics files: local paths, globs, or ssh://user@host/path; [] = RUN_DIR/train/metrics.jsonl
+    sources: list[str] = []  # metrics files (local paths, globs, ssh://user@host/path) or TensorBoard log folders; [] = RUN_DIR/train/metrics.jsonl
     labels: list[str] = []  # legend names, one per file after glob expansion; [] = the run folder's name
     format: Literal["auto", "eagle3lib", "speculators"] = "auto"  # auto: JSON lines vs speculators console lines
     smoothing: float = Field(0.9, ge=0.0, lt=1.0)  # EMA weight of the smoothed curves (0 = raw), TensorBoard-style

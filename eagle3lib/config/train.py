@@ -67,11 +67,25 @@ class TrainConfig(StageConfig):
     keep_checkpoints: int = Field(2, ge=1)  # keep the newest N step checkpoints
     resume: bool = True  # continue from the newest checkpoint in RUN_DIR/train/checkpoints when there is one
 
+    # --- experiment trackers (eagle3lib/trackers/): the metrics.jsonl records, also where teams already watch runs
+    report_to: list[Literal["tensorboard", "wandb", "mlflow"]] = []  # each needs its extra: pip install -e '.[wandb]'
+    tracker_project: str = Field("eagle3", min_length=1)  # W&B project / MLflow experiment that groups the runs
+    tracker_run_name: str | None = None  # the run's name in the tracker; None = the run directory's name
+    wandb_mode: Literal["offline", "online"] = "offline"  # offline: files in RUN_DIR/train/wandb/, `wandb sync` later
+    mlflow_tracking_uri: str | None = None  # None = a local SQLite store in RUN_DIR/train/mlflow/; or the team's server
+
     @field_validator("betas")
     @classmethod
     def _betas(cls, v: tuple[float, float]) -> tuple[float, float]:
         if not all(0 <= b < 1 for b in v):
             raise ValueError(f"AdamW betas must be in [0, 1), got {list(v)}")
+        return v
+
+    @field_validator("report_to")
+    @classmethod
+    def _report_to(cls, v: list[str]) -> list[str]:
+        if len(set(v)) != len(v):
+            raise ValueError(f"lists a tracker twice: {v}")
         return v
 
     @model_validator(mode="after")

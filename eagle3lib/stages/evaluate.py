@@ -41,6 +41,7 @@ from eagle3lib.evaluation.results import (
     training_estimate,
     without_outputs,
 )
+from eagle3lib.trackers.run import log_evaluation
 from eagle3lib.vllm.endpoint import ServerError
 from eagle3lib.vllm.measure import ServingError, measure_vllm
 from eagle3lib.vllm.server import has_cuda
@@ -191,6 +192,12 @@ def _run(ctx, cfg, vcfg, timer) -> dict[str, Any]:
     for name in ("vllm_spec.log", "vllm_base.log"):
         if (out_dir / name).exists():
             outputs[name.removesuffix(".log") + "_log"] = name
+    if train_m is not None:  # the table also goes to the training run's trackers, when it has some
+        steps = int((train_m.get("figures") or {}).get("steps") or 0)
+        values = {k_: float(v_) for k_, v_ in figures.items() if k_.startswith("tau_") and isinstance(v_, int | float)
+                  and not isinstance(v_, bool)}
+        notes.extend(log_evaluation(ctx.profile.section("train"), ctx.stage_dir("train"), "evaluate",
+                                    results["table"], values, steps))
     timer.finish({k_: v_ for k_, v_ in figures.items() if v_ is None or isinstance(v_, int | float | bool)}, outputs)
     update_manifest(out_dir, warnings=notes)
     return {"figures": figures, "results": results, "outputs": outputs}

@@ -21,6 +21,8 @@ from eagle3lib.config.profile import parse_set
 from eagle3lib.config.stages import open_stage
 from eagle3lib.core.guard import popen_guarded
 from eagle3lib.core.manifest import read_manifest
+from eagle3lib.trackers.base import TrackerError
+from eagle3lib.trackers.run import check_trackers
 from eagle3lib.training.loop import TrainingError, TrainingInterrupted, train
 
 
@@ -56,6 +58,7 @@ def run(ctx, *, echo=print) -> dict[str, Any]:
     the repository: `python -m` puts its folder on the path, and the repository's top-level `kernels/` must not shadow
     Hugging Face's `kernels` package there (ours is `eagle3lib.kernels`).
     """
+    check_trackers(ctx.cfg, ctx.dir)  # a tracker that cannot start fails now, not after torchrun's start-up
     cmd = launch_command(ctx)
     echo("$ " + " ".join(cmd))
     proc = popen_guarded(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
@@ -94,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     except TrainingInterrupted as e:
         print(f"[train] {e}", flush=True)
         return 0
-    except TrainingError as e:
+    except (TrainingError, TrackerError) as e:
         print(f"[train] error: {e}", file=sys.stderr, flush=True)
         return 1
     return 0

@@ -22,7 +22,7 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -45,8 +45,10 @@ from eagle3lib.model.draft_vocab import DraftVocab, build_draft_vocab, count_los
 from eagle3lib.model.drafter import Eagle3Drafter, count_parameters, drafter_config_from, init_from_verifier
 from eagle3lib.model.ttt import STAT_KEYS, TTTModel, counted_per_step, summarize
 from eagle3lib.model.verifier import aux_layer_ids, load_config, load_verifier_head, resolve_model
+from eagle3lib.trackers.run import Trackers
 from eagle3lib.training import distributed as dist
 from eagle3lib.training.metrics import MetricsWriter, console_line, ordered_record, peak_mem_mb, read_metrics
+from eagle3lib.training.progress import Progress, Window, lr_at
 from eagle3lib.training.setup import (
     TrainingDiverged,
     TrainingError,
@@ -65,46 +67,6 @@ def log(msg: str) -> None:
             sys.stdout = open(os.devnull, "w")
 
 
-def lr_at(step: int, cfg, total_steps: int) -> float:
-    """Linear warmup over warmup_steps, then cosine decay to lr * min_lr_ratio at the last step."""
-    if step < cfg.warmup_steps:
-        return cfg.lr * (step + 1) / cfg.warmup_steps
-    p = (step - cfg.warmup_steps) / max(1, total_steps - cfg.warmup_steps)
-    return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(p, 1.0))))
-
-
-@dataclass
-class Progress:
-    """What the run has done so far: saved in every checkpoint, so a resumed run continues the same counts."""
-
-    step: int = 0  # optimizer steps taken
-    tokens_seen: int = 0
-    samples_seen: int = 0
-    elapsed_s: float = 0.0  # wall time of earlier invocations (this one's is added on save)
-    oov_step0: int = 0  # step-0 positions whose verifier argmax lies outside the draft vocabulary
-    counted_step0: int = 0  # step-0 positions counted
-
-
-class Window:
-    """Sums over a logging window (local to this process until reduced); part of the checkpoint, so a run resumed
-    mid-window writes the same record as an uninterrupted one."""
-
-    def __init__(self, K: int, device, saved: dict[str, Any] | None = None):
-        self.stats = torch.zeros(len(STAT_KEYS), K, dtype=torch.float64, device=device)
-        self.seconds = 0.0  # training time (data wait included, validation and checkpoints excluded)
-        self.tokens = 0
-        self.samples = 0
-        self.steps = 0
-        if saved:
-            self.stats += saved["stats"].to(device)
-            self.tokens, self.samples, self.seconds, self.steps = (saved["tokens"], saved["samples"], saved["seconds"],
-                                                                   saved["steps"])
-
-    def state(self) -> dict[str, Any]:
-        return {"stats": self.stats.cpu(), "tokens": self.tokens, "samples": self.samples, "seconds": self.seconds,
-                "steps": self.steps}
-
-
 class Trainer:
     """Everything one training run holds: built from the stage context, then `run()`."""
 
@@ -112,6 +74,8 @@ class Trainer:
         cfg, vcfg = ctx.cfg, ctx.verifier
         self.cfg, self.on_record, self.timer = cfg, on_record, timer
         self.t_start = time.time() if t_start is None else t_start
+        self.run_params = {"profile": ctx.profile.name, **ctx.profile.as_dict()}  # the trackers' run config
+        self.trackers = Trackers()
         self.rank, self.world = dist.rank(), dist.world()
         self.out_dir: Path = ctx.dir
         self.ckpt_root = self.out_dir / "checkpoints"
@@ -239,6 +203,9 @@ class Trainer:
             f"{cfg.packed_row_tokens}); {self.plan.total_steps} steps; drafter {self.n_params / 1e6:.2f}M parameters")
         self.metrics = MetricsWriter(self.out_dir / "metrics.jsonl", enabled=self.rank == 0)
         self.metrics.truncate_after(self.progress.step if self.progress.step else -1)  # records <= the checkpoint stay
+        if self.rank == 0:  # after the truncation: each tracker is caught up from what the file holds now
+            self.trackers = Trackers.open(cfg, self.out_dir, self.run_params, self.progress.step,
+                                          read_metrics(self.metrics.path), warn=log)
 
     # ---------------------------------------------------------------------------------------------------- the loop
     def load_step(self, step: int):
@@ -340,6 +307,7 @@ class Trainer:
 
     def _emit(self, rec: dict[str, Any]) -> None:
         self.metrics.write(rec)
+        self.trackers.log(rec)
         log(console_line(rec, self.K))
         if self.on_record and self.rank == 0:
             self.on_record(rec)
@@ -475,10 +443,14 @@ class Trainer:
         outputs = {"checkpoint": str(final_dir.relative_to(self.out_dir)), "metrics": "metrics.jsonl",
                    "draft_vocab": "draft_vocab.safetensors",
                    "last_step_checkpoint": str(self.last_ckpt.relative_to(self.out_dir))}
+        outputs.update(self.trackers.outputs())
+        self.trackers.summary(figures, plan.total_steps)
+        if self.trackers.errors:
+            figures["tracker_errors"] = len(self.trackers.errors)
         m = (self.timer.finish(figures, outputs) if self.timer else
              update_manifest(self.out_dir, status="complete", figures=figures, outputs=outputs,
                              finished_at=(now := now_iso()), completed_at=now))
-        update_manifest(self.out_dir, resume_from=None, error=None)
+        update_manifest(self.out_dir, resume_from=None, error=None, tracker_errors=self.trackers.errors or None)
         log(f"done: {plan.total_steps} steps, tau_est {figures['tau_est']}, val_tau_est {figures['val_tau_est']}; "
             f"checkpoint {final_dir}")
         return m
@@ -490,9 +462,15 @@ def train(ctx, *, on_record=None) -> dict[str, Any]:
         rank = dist.rank()
         t_start = time.time()
         timer = StageTimer(ctx.dir, ctx.manifest_params()) if rank == 0 else None
+        trainer = None
         try:
-            return Trainer(ctx, on_record, timer, t_start).run()
+            trainer = Trainer(ctx, on_record, timer, t_start)
+            m = trainer.run()
+            trainer.trackers.close("FINISHED")
+            return m
         except BaseException as e:
+            if trainer is not None:
+                trainer.trackers.close("KILLED" if isinstance(e, TrainingInterrupted | KeyboardInterrupt) else "FAILED")
             if rank == 0 and not isinstance(e, TrainingInterrupted):
                 update_manifest(ctx.dir, status="failed", error=f"{type(e).__name__}: {e}", finished_at=now_iso())
             raise
