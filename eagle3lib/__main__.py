@@ -4,6 +4,8 @@
   params         print a profile as validated, overrides applied
   stages         list the stages and their notebooks
   build-verifier build (or find in the cache) the embedded tiny verifier and print its path
+  export         write a drafter (either layout) in the speculators or the EAGLE layout: export CKPT --layout eagle --out DIR
+  import         a drafter in the EAGLE layout (SpecForge, EAGLE, AQ-MedAI) into the speculators layout vLLM reads
 """
 
 from __future__ import annotations
@@ -30,6 +32,13 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("stages", help="list stages")
     b = sub.add_parser("build-verifier", help="build the tiny verifier (cached) and print its path")
     b.add_argument("--ship", action="store_true", help="also copy it into the package (eagle3lib/assets/tiny-verifier)")
+    e = sub.add_parser("export", help="write a drafter checkpoint in another layout (speculators or eagle)")
+    e.add_argument("checkpoint", help="a drafter folder, either layout (e.g. runs/demo/train/final)")
+    e.add_argument("--layout", required=True, choices=["speculators", "eagle"])
+    e.add_argument("--out", required=True, help="the folder to write (replaced atomically)")
+    i = sub.add_parser("import", help="an EAGLE-layout drafter into the speculators layout (= export --layout speculators)")
+    i.add_argument("checkpoint")
+    i.add_argument("--out", required=True)
     args = ap.parse_args(argv)
 
     try:
@@ -66,6 +75,10 @@ def main(argv: list[str] | None = None) -> int:
             from eagle3lib.tiny.build import ship, tiny_verifier_path
 
             print(ship() if args.ship else tiny_verifier_path())
+        elif args.cmd in ("export", "import"):
+            from eagle3lib.model.interop import convert_drafter
+
+            print(convert_drafter(args.checkpoint, getattr(args, "layout", "speculators"), args.out))
     except (ParamsError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -13,20 +13,16 @@ stage's default tolerance, 0.15, covers the gaps measured that way (0.002 and 0.
 
 from __future__ import annotations
 
-import fcntl
-import hashlib
 import json
-import os
 import shutil
 import threading
 from pathlib import Path
 
 import pytest
-from train_fixtures import cached_store, make_run_dir
+from train_fixtures import cached_trained_run
 
 from eagle3lib.config.stages import open_stage
 from eagle3lib.core.manifest import read_manifest
-from eagle3lib.core.paths import REPO_ROOT, cache_dir
 from eagle3lib.evaluation.inputs import EvaluateError
 from eagle3lib.stages.evaluate import run as run_evaluate
 
@@ -36,41 +32,9 @@ TRAIN = {"train.epochs": 3}
 QUICK = {"evaluate.n_prompts": 18, "evaluate.max_tokens": 64, "evaluate.concurrency": 4, "evaluate.progress": False}
 
 
-def _trained_train_dir(tiny_verifier: Path) -> Path:
-    """RUN/train of a real training run (3 epochs, ~285 samples of the train tests' store), built once into
-    .cache/test-evaluate-train/<key>/ (keyed by the training code, so a change there retrains)."""
-    src = hashlib.sha256()
-    for name in ("model/drafter.py", "model/checkpoint.py", "training/loop.py", "model/ttt.py", "model/ttt_attention.py",
-                 "data/packing.py", "model/draft_vocab.py"):
-        src.update((REPO_ROOT / "eagle3lib" / name).read_bytes())
-    src.update(json.dumps([tiny_verifier.name, TRAIN]).encode())
-    root = cache_dir() / "test-evaluate-train"
-    out = root / src.hexdigest()[:12]
-    if (out / "train" / "manifest.json").exists():
-        return out / "train"
-    root.mkdir(parents=True, exist_ok=True)
-    with open(root / ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not (out / "train" / "manifest.json").exists():
-            tmp = root / f".tmp-{out.name}-{os.getpid()}"
-            shutil.rmtree(tmp, ignore_errors=True)
-            run = make_run_dir(tmp, cached_store(tiny_verifier, 300))
-            from eagle3lib.training.loop import train
-
-            train(open_stage("train", "tiny", run, TRAIN))
-            shutil.rmtree(tmp / "train" / "checkpoints", ignore_errors=True)
-            (tmp / "extract").unlink()
-            shutil.rmtree(out, ignore_errors=True)
-            os.replace(tmp, out)
-            for old in root.iterdir():  # drafters of older training code
-                if old.is_dir() and old != out and not old.name.startswith(".tmp-"):
-                    shutil.rmtree(old, ignore_errors=True)
-    return out / "train"
-
-
 @pytest.fixture(scope="session")
 def train_dir(tiny_verifier) -> Path:
-    return _trained_train_dir(tiny_verifier)
+    return cached_trained_run(tiny_verifier, TRAIN)
 
 
 def _run_dir(tmp: Path, train_dir: Path) -> Path:

@@ -15,11 +15,14 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import json
 import os
 import shutil
 from pathlib import Path
 
 import torch
+
+from eagle3lib.core.paths import REPO_ROOT, cache_dir
 
 AUX_IDS = [2, 4, 5]
 
@@ -130,3 +133,36 @@ def make_run_dir(tmp: Path, store: Path) -> Path:
     if not link.exists():
         link.symlink_to(store, target_is_directory=True)
     return run
+
+
+def cached_trained_run(tiny_verifier: Path, train: dict) -> Path:
+    """RUN/train of a real training run (3 epochs, ~285 samples of the train tests' store), built once into
+    .cache/test-evaluate-train/<key>/ (keyed by the training code, so a change there retrains)."""
+    src = hashlib.sha256()
+    for name in ("model/drafter.py", "model/checkpoint.py", "training/loop.py", "model/ttt.py", "model/ttt_attention.py",
+                 "data/packing.py", "model/draft_vocab.py"):
+        src.update((REPO_ROOT / "eagle3lib" / name).read_bytes())
+    src.update(json.dumps([tiny_verifier.name, train]).encode())
+    root = cache_dir() / "test-evaluate-train"
+    out = root / src.hexdigest()[:12]
+    if (out / "train" / "manifest.json").exists():
+        return out / "train"
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (out / "train" / "manifest.json").exists():
+            tmp = root / f".tmp-{out.name}-{os.getpid()}"
+            shutil.rmtree(tmp, ignore_errors=True)
+            run = make_run_dir(tmp, cached_store(tiny_verifier, 300))
+            from eagle3lib.config.stages import open_stage
+            from eagle3lib.training.loop import train as run_train
+
+            run_train(open_stage("train", "tiny", run, train))
+            shutil.rmtree(tmp / "train" / "checkpoints", ignore_errors=True)
+            (tmp / "extract").unlink()
+            shutil.rmtree(out, ignore_errors=True)
+            os.replace(tmp, out)
+            for old in root.iterdir():  # drafters of older training code
+                if old.is_dir() and old != out and not old.name.startswith(".tmp-"):
+                    shutil.rmtree(old, ignore_errors=True)
+    return out / "train"

@@ -66,6 +66,10 @@ class TrainConfig(StageConfig):
     ckpt_every: int = Field(200, ge=1)  # optimizer steps between checkpoints (a final one is always written)
     keep_checkpoints: int = Field(2, ge=1)  # keep the newest N step checkpoints
     resume: bool = True  # continue from the newest checkpoint in RUN_DIR/train/checkpoints when there is one
+    init_from: str | None = None  # a drafter folder (speculators or EAGLE layout) to continue instead of starting from zero
+    init_draft_vocab: Literal["keep", "remap"] = "keep"  # keep: the init_from drafter's vocabulary; remap: this run's
+    # own, with the lm_head rows of tokens both hold carried over (eagle3lib/model/interop.py)
+    export_layouts: list[Literal["eagle"]] = []  # also write train/final-<layout>/ (final/ is the speculators layout)
 
     # --- experiment trackers (eagle3lib/trackers/): the metrics.jsonl records, also where teams already watch runs
     report_to: list[Literal["tensorboard", "wandb", "mlflow"]] = []  # each needs its extra: pip install -e '.[wandb]'

@@ -28,9 +28,19 @@ import torch
 
 from eagle3lib.core.atomic import write_error
 from eagle3lib.model.drafter import DrafterConfig, Eagle3Drafter
+from eagle3lib.model.layouts import (
+    EAGLE_ARCH,
+    config_from_eagle,
+    detect_layout,
+    eagle_config,
+    from_layout,
+    from_llama_fields,
+    to_layout,
+)
 
 CKPT_RE = re.compile(r"^step_(\d{8})$")
 TRAINING_STATE = "training_state.pt"
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")  # refused as weights: loading them runs code
 
 
 class CheckpointError(ValueError):
@@ -90,22 +100,10 @@ def config_from_speculators(d: dict[str, Any]) -> DrafterConfig:
     t = d["transformer_layer_config"]
     if t.get("model_type", "llama") != "llama":
         raise CheckpointError(f"transformer_layer_config.model_type {t.get('model_type')!r}: only llama drafters are supported")
-    heads = int(t["num_attention_heads"])
-    rp = t.get("rope_parameters") or {}
     spec = d.get("speculators_config", {})
-    return DrafterConfig(
-        hidden_size=int(t["hidden_size"]),
-        intermediate_size=int(t["intermediate_size"]),
-        num_attention_heads=heads,
-        num_key_value_heads=int(t.get("num_key_value_heads") or heads),
-        head_dim=int(t.get("head_dim") or int(t["hidden_size"]) // heads),
-        vocab_size=int(t["vocab_size"]),
+    return from_llama_fields(
+        t,
         draft_vocab_size=int(d.get("draft_vocab_size") or t["vocab_size"]),
-        num_layers=int(t.get("num_hidden_layers", 1)),
-        rms_norm_eps=float(t.get("rms_norm_eps", 1e-6)),
-        rope_theta=float(rp.get("rope_theta", t.get("rope_theta", 10000.0))),
-        max_position_embeddings=int(t.get("max_position_embeddings", 2048)),
-        hidden_act=t.get("hidden_act", "silu"),
         aux_layer_ids=list(d.get("eagle_aux_hidden_state_layer_ids") or []),
         norm_before_residual=bool(d.get("norm_before_residual", True)),  # vLLM's default when the key is absent
         norm_output=bool(d.get("norm_output", False)),
@@ -128,8 +126,10 @@ def drafter_tensors(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 
 def save_drafter(state: dict[str, torch.Tensor], cfg: DrafterConfig, out_dir: str | Path,
-                 training_state: dict[str, Any] | None = None, extra_files: dict[str, Any] | None = None) -> Path:
-    """Write a complete checkpoint folder atomically (temporary folder, fsync, rename)."""
+                 training_state: dict[str, Any] | None = None, extra_files: dict[str, Any] | None = None,
+                 layout: str = "speculators") -> Path:
+    """Write a complete checkpoint folder atomically (temporary folder, fsync, rename), in the speculators layout or
+    the EAGLE one (eagle3lib/model/layouts.py)."""
     from safetensors.torch import save_file
 
     out_dir = Path(out_dir)
@@ -148,11 +148,13 @@ def save_drafter(state: dict[str, torch.Tensor], cfg: DrafterConfig, out_dir: st
         raise CheckpointError("lm_head / d2t do not match draft_vocab_size")
     if not full_vocab:
         tensors["d2t"] = tensors["d2t"].to(torch.int64)
+    config = speculators_config(cfg) if layout == "speculators" else eagle_config(cfg)
+    tensors = dict(sorted(to_layout(tensors, layout).items()))
     tmp = out_dir.parent / f".tmp-{out_dir.name}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     try:
-        (tmp / "config.json").write_text(json.dumps(speculators_config(cfg), indent=2) + "\n")
+        (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         if training_state is not None:
             torch.save(training_state, tmp / TRAINING_STATE)
@@ -188,29 +190,42 @@ def _config_json(ckpt_dir: str | Path) -> tuple[Path, dict[str, Any]]:
         raise CheckpointError(f"{path}: not valid JSON ({e})") from e
     if not isinstance(d, dict):
         raise CheckpointError(f"{path}: expected a JSON object")
+    if d.get("auto_map") or d.get("trust_remote_code"):
+        raise CheckpointError(f"{path}: asks for remote code (auto_map {d.get('auto_map')!r}); eagle3lib never runs "
+                              "code that comes with a checkpoint")
     return path, d
 
 
+def read_layout(ckpt_dir: str | Path) -> str:
+    """'speculators' or 'eagle', from the folder's config.json."""
+    path, d = _config_json(ckpt_dir)
+    layout = detect_layout(d)
+    if layout is None:
+        raise CheckpointError(f"{path}: not an EAGLE-3 drafter: neither speculators_model_type 'eagle3' (speculators "
+                              f"layout) nor architectures [{EAGLE_ARCH}] (EAGLE layout); architectures="
+                              f"{d.get('architectures')!r}, model_type={d.get('model_type')!r}")
+    return layout
+
+
 def read_config(ckpt_dir: str | Path) -> DrafterConfig:
+    """The drafter config of a folder in either layout."""
+    layout = read_layout(ckpt_dir)
     path, d = _config_json(ckpt_dir)
     try:
-        return config_from_speculators(d)
+        return config_from_speculators(d) if layout == "speculators" else config_from_eagle(d)
     except CheckpointError as e:
         raise CheckpointError(f"{path}: {e}") from None
-    except (KeyError, TypeError, ValueError) as e:
-        raise CheckpointError(f"{path}: missing or malformed field {e}") from None
+    except KeyError as e:
+        raise CheckpointError(f"{path}: missing field {e}") from None
+    except (TypeError, ValueError) as e:
+        raise CheckpointError(f"{path}: malformed ({e})") from None
 
 
 LAYER_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
               "hidden_act", "rms_norm_eps")
 
 
-def check_servable(ckpt_dir: str | Path) -> DrafterConfig:
-    """What vLLM needs to load the folder as an EAGLE-3 speculator, checked before a server starts (vLLM fails minutes
-    later, or loads silently and accepts nothing). Returns the drafter config; raises naming every missing field."""
-    from safetensors import safe_open
-
-    path, d = _config_json(ckpt_dir)
+def _speculators_problems(d: dict[str, Any]) -> list[str]:
     problems = []
     if "model_type" in d:
         problems.append("a top-level model_type (vLLM then does not detect the speculators format)")
@@ -230,23 +245,46 @@ def check_servable(ckpt_dir: str | Path) -> DrafterConfig:
         problems += [f"no transformer_layer_config.{k}" for k in LAYER_KEYS if k not in layer]
     if not isinstance(d.get("draft_vocab_size"), int):
         problems.append("no draft_vocab_size")
-    ids = d.get("eagle_aux_hidden_state_layer_ids")
-    if not (isinstance(ids, list) and len(ids) == 3):
-        problems.append(f"eagle_aux_hidden_state_layer_ids must list 3 layers (vLLM's drafter sizes fc for 3), got {ids!r}")
+    problems += _aux_ids_problems(d.get("eagle_aux_hidden_state_layer_ids"), "eagle_aux_hidden_state_layer_ids")
+    return problems
+
+
+def _eagle_problems(d: dict[str, Any]) -> list[str]:
+    problems = [f"no {k}" for k in LAYER_KEYS if k not in d]
+    if not isinstance(d.get("draft_vocab_size"), int):
+        problems.append("no draft_vocab_size")
+    if int(d.get("num_hidden_layers") or 1) != 1:
+        problems.append(f"num_hidden_layers {d.get('num_hidden_layers')}: the EAGLE layout holds one layer (midlayer)")
+    ec = d.get("eagle_config") if isinstance(d.get("eagle_config"), dict) else {}
+    return problems + _aux_ids_problems(ec.get("eagle_aux_hidden_state_layer_ids"),
+                                        "eagle_config.eagle_aux_hidden_state_layer_ids")
+
+
+def _aux_ids_problems(ids: Any, key: str) -> list[str]:
+    if isinstance(ids, list) and len(ids) == 3:
+        return []
+    return [f"{key} must list 3 layers (vLLM's drafter sizes fc for 3), got {ids!r}"]
+
+
+def check_servable(ckpt_dir: str | Path) -> DrafterConfig:
+    """What vLLM needs to load the folder as an EAGLE-3 speculator, checked before a server starts (vLLM fails minutes
+    later, or loads silently and accepts nothing). Returns the drafter config; raises naming every missing field."""
+    from safetensors import safe_open
+
+    layout = read_layout(ckpt_dir)
+    path, d = _config_json(ckpt_dir)
+    problems = _speculators_problems(d) if layout == "speculators" else _eagle_problems(d)
     if problems:
         raise CheckpointError(f"{path}: not loadable by vLLM as an EAGLE-3 drafter: {'; '.join(problems)}")
     cfg = read_config(ckpt_dir)
     shapes: dict[str, tuple[int, ...]] = {}
-    files = sorted(Path(ckpt_dir).glob("*.safetensors"))
-    if not files:
-        raise CheckpointError(f"{ckpt_dir}: no *.safetensors weights")
-    for f in files:
+    for f in weight_files(ckpt_dir):
         try:
             with safe_open(str(f), framework="pt") as sf:
                 shapes.update({k: tuple(sf.get_slice(k).get_shape()) for k in sf.keys()})  # noqa: SIM118
         except Exception as e:
             raise CheckpointError(f"{f}: damaged weights ({type(e).__name__}: {e})") from None
-    shapes = {k.removeprefix("model."): v for k, v in shapes.items()}
+    shapes = from_layout({k.removeprefix("model."): v for k, v in shapes.items()})
     need = {"fc.weight": (cfg.hidden_size, cfg.num_aux * cfg.hidden_size), "norm.weight": (cfg.hidden_size,),
             "lm_head.weight": (cfg.draft_vocab_size, cfg.hidden_size)}
     if cfg.draft_vocab_size != cfg.vocab_size:
@@ -258,19 +296,31 @@ def check_servable(ckpt_dir: str | Path) -> DrafterConfig:
     return cfg
 
 
-def load_state(ckpt_dir: str | Path) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load_file
-
+def weight_files(ckpt_dir: str | Path) -> list[Path]:
+    """The folder's *.safetensors files; a folder holding only pickle-based weights is refused, never unpickled."""
     files = sorted(Path(ckpt_dir).glob("*.safetensors"))
     if not files:
-        raise CheckpointError(f"{ckpt_dir}: no safetensors weights")
+        pickles = sorted(p.name for p in Path(ckpt_dir).iterdir() if p.suffix in PICKLE_SUFFIXES) \
+            if Path(ckpt_dir).is_dir() else []
+        if pickles:
+            raise CheckpointError(f"{Path(ckpt_dir) / pickles[0]}: pickle-based weights are refused (loading a pickle "
+                                  "runs code); save them as safetensors with the tool that wrote them")
+        raise CheckpointError(f"{ckpt_dir}: no *.safetensors weights")
+    return files
+
+
+def load_state(ckpt_dir: str | Path) -> dict[str, torch.Tensor]:
+    """The weights of a folder in either layout, named as the drafter module names them."""
+    from safetensors.torch import load_file
+
+    files = weight_files(ckpt_dir)
     state: dict[str, torch.Tensor] = {}
     for f in files:
         try:
             state.update(load_file(str(f)))
         except Exception as e:  # truncated or overwritten file
             raise CheckpointError(f"{f}: damaged weights ({type(e).__name__}: {e})") from None
-    return drafter_tensors(state)
+    return from_layout(drafter_tensors(state))
 
 
 def load_drafter(ckpt_dir: str | Path, device: str | torch.device = "cpu", verifier_path: str | None = None,

@@ -43,6 +43,7 @@ from eagle3lib.model.checkpoint import (
 )
 from eagle3lib.model.draft_vocab import DraftVocab, build_draft_vocab, count_loss_tokens
 from eagle3lib.model.drafter import Eagle3Drafter, count_parameters, drafter_config_from, init_from_verifier
+from eagle3lib.model.interop import apply_init_source, check_init_source, read_init_source
 from eagle3lib.model.ttt import STAT_KEYS, TTTModel, counted_per_step, summarize
 from eagle3lib.model.verifier import aux_layer_ids, load_config, load_verifier_head, resolve_model
 from eagle3lib.trackers.run import Trackers
@@ -117,11 +118,19 @@ class Trainer:
         # the draft vocabulary: counted once, saved, reused on resume
         vocab_path = self.out_dir / "draft_vocab.safetensors"
         resumable = cfg.resume and list_checkpoints(self.ckpt_root)
+        self.init = read_init_source(cfg.init_from) if cfg.init_from and not resumable else None
+        if self.init is not None:  # before any compute: does the drafter fit this verifier and these settings?
+            n_draft = min(cfg.draft_vocab_size, int(self.vconf.vocab_size))
+            check_init_source(self.init, drafter_config_from(cfg, self.vconf, aux_ids, n_draft, self.model_path),
+                              cfg.init_draft_vocab)
         if self.rank == 0 and not (resumable and vocab_path.exists()):
             counts = count_loss_tokens(self.reader, self.split.train, int(self.vconf.vocab_size))
             if int(counts.sum()) == 0:
                 raise TrainingError(f"{store_dir}: no loss-masked (assistant) tokens in the training split")
-            build_draft_vocab(counts, cfg.draft_vocab_size).save(vocab_path)
+            keep = self.init is not None and cfg.init_draft_vocab == "keep"
+            vocab = DraftVocab(self.init.draft_ids, int(self.vconf.vocab_size), counts) if keep else \
+                build_draft_vocab(counts, cfg.draft_vocab_size)
+            vocab.save(vocab_path)
         dist.barrier()
         self.vocab = DraftVocab.load(vocab_path)
         if self.vocab.vocab_size != int(self.vconf.vocab_size):
@@ -137,6 +146,9 @@ class Trainer:
         drafter.set_vocab(self.vocab.draft_ids)
         head = load_verifier_head(self.model_path, vcfg.trust_remote_code)
         init_from_verifier(drafter, head)
+        if self.init is not None:
+            n = apply_init_source(drafter, self.init, self.vocab.draft_ids)
+            log(f"starting from {self.init.path} ({self.init.layout} layout; {n} of {self.vocab.size} lm_head rows)")
         self.progress, self.resume_state, self.resumed_from = Progress(), None, None
         ckpts = list_checkpoints(self.ckpt_root) if cfg.resume else []
         if not ckpts and self.rank == 0:  # starting over: checkpoints of an earlier run must not be resumed later
@@ -397,6 +409,8 @@ class Trainer:
         if self.rank != 0:
             return {}
         final_dir = save_drafter(state, self.dcfg, self.out_dir / "final")
+        exports = {f"checkpoint_{lay}": save_drafter(state, self.dcfg, self.out_dir / f"final-{lay}", layout=lay).name
+                   for lay in cfg.export_layouts}
         last_train, last_val = self.last_train, self.last_val
         if not last_train or not last_val:  # resumed at the very end: the records are in the file
             recs = read_metrics(self.out_dir / "metrics.jsonl")
@@ -439,11 +453,12 @@ class Trainer:
             "drafter_parameters": self.n_params,
             "ttt_steps": cfg.ttt_steps,
             "resumed_from_step": int(self.resume_state.get("step", 0)) if self.resume_state else None,
+            "init_from": cfg.init_from,
         })
         outputs = {"checkpoint": str(final_dir.relative_to(self.out_dir)), "metrics": "metrics.jsonl",
                    "draft_vocab": "draft_vocab.safetensors",
                    "last_step_checkpoint": str(self.last_ckpt.relative_to(self.out_dir))}
-        outputs.update(self.trackers.outputs())
+        outputs.update({**exports, **self.trackers.outputs()})
         self.trackers.summary(figures, plan.total_steps)
         if self.trackers.errors:
             figures["tracker_errors"] = len(self.trackers.errors)

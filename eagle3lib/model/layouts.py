@@ -1,0 +1,123 @@
+"""The two folder layouts drafters are published in, and which serving stacks read them.
+
+  speculators  config.json with `speculators_model_type: "eagle3"`, `speculators_config` and a llama
+               `transformer_layer_config` (no top-level model_type); tensors `layers.N.*`, fc, norm, lm_head, d2t, t2d.
+               Read by vLLM (and speculators). What the train stage writes (eagle3lib/model/checkpoint.py).
+  eagle        the EAGLE / SpecForge reference layout (AQ-MedAI-style drafters, `LlamaForCausalLMEagle3`): config.json
+               is a llama config plus `draft_vocab_size`, `eagle_config.eagle_aux_hidden_state_layer_ids` and the norm
+               flags; the decoder layer's tensors are `midlayer.*`. Read by SGLang, the EAGLE/SpecForge code and vLLM
+               (which renames `midlayer.` to `layers.0.`).
+The numbers are the same in both; converting is renaming keys and rewriting config.json, so a round trip through the
+other layout gives back the same bytes. A folder's layout is read from its config.json, never guessed from its name.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from eagle3lib.model.drafter import DrafterConfig
+
+LAYOUTS = ("speculators", "eagle")
+EAGLE_ARCH = "LlamaForCausalLMEagle3"
+EAGLE_LAYER = "midlayer."  # the EAGLE layout's name for the one decoder layer
+
+
+def detect_layout(d: dict[str, Any]) -> str | None:
+    """The layout a config.json describes, or None when it is no EAGLE-3 drafter config."""
+    if d.get("speculators_model_type") is not None or "speculators_config" in d:
+        return "speculators"
+    archs = d.get("architectures") or []
+    if EAGLE_ARCH in archs or ("eagle_config" in d and "draft_vocab_size" in d):
+        return "eagle"
+    return None
+
+
+def eagle_config(cfg: DrafterConfig) -> dict[str, Any]:
+    """config.json of the EAGLE layout for this drafter. The `eagle3lib` block keeps what the layout has no key for
+    (the TTT steps trained, the verifier) so a round trip loses nothing; other readers ignore it."""
+    if cfg.num_layers != 1:
+        raise ValueError(f"the EAGLE layout holds one decoder layer (midlayer); this drafter has {cfg.num_layers}")
+    return {
+        "architectures": [EAGLE_ARCH],
+        "model_type": "llama",
+        "hidden_size": cfg.hidden_size,
+        "intermediate_size": cfg.intermediate_size,
+        "num_attention_heads": cfg.num_attention_heads,
+        "num_key_value_heads": cfg.num_key_value_heads,
+        "head_dim": cfg.head_dim,
+        "num_hidden_layers": cfg.num_layers,
+        "vocab_size": cfg.vocab_size,
+        "draft_vocab_size": cfg.draft_vocab_size,
+        "target_hidden_size": cfg.hidden_size,
+        "hidden_act": cfg.hidden_act,
+        "rms_norm_eps": cfg.rms_norm_eps,
+        "rope_theta": cfg.rope_theta,
+        "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rope_theta},
+        "max_position_embeddings": cfg.max_position_embeddings,
+        "attention_bias": False,
+        "mlp_bias": False,
+        "tie_word_embeddings": False,
+        "torch_dtype": "float32",
+        "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(cfg.aux_layer_ids), "use_aux_hidden_state": True},
+        "norm_before_residual": cfg.norm_before_residual,
+        "norm_before_fc": cfg.norm_before_fc,
+        "fc_norm": cfg.fc_norm,
+        "norm_output": cfg.norm_output,
+        "eagle3lib": {"ttt_steps": cfg.ttt_steps, "verifier": cfg.verifier},
+    }
+
+
+def from_llama_fields(t: dict[str, Any], **drafter: Any) -> DrafterConfig:
+    """DrafterConfig from the llama config fields both layouts use (the speculators layout nests them in
+    transformer_layer_config, the EAGLE layout has them at the top) plus the drafter-specific values."""
+    heads = int(t["num_attention_heads"])
+    rp = t.get("rope_parameters") or {}
+    return DrafterConfig(
+        hidden_size=int(t["hidden_size"]),
+        intermediate_size=int(t["intermediate_size"]),
+        num_attention_heads=heads,
+        num_key_value_heads=int(t.get("num_key_value_heads") or heads),
+        head_dim=int(t.get("head_dim") or int(t["hidden_size"]) // heads),
+        vocab_size=int(t["vocab_size"]),
+        num_layers=int(t.get("num_hidden_layers", 1)),
+        rms_norm_eps=float(t.get("rms_norm_eps", 1e-6)),
+        rope_theta=float(rp.get("rope_theta", t.get("rope_theta", 10000.0))),
+        max_position_embeddings=int(t.get("max_position_embeddings", 2048)),
+        hidden_act=t.get("hidden_act", "silu"),
+        **drafter,
+    )
+
+
+def config_from_eagle(d: dict[str, Any]) -> DrafterConfig:
+    """DrafterConfig from an EAGLE-layout config.json (ours or a published drafter's). Keys the layout does not have
+    take the values vLLM assumes (norm_before_residual false, 3 drafted tokens)."""
+    if d.get("model_type", "llama") != "llama":
+        raise ValueError(f"drafter layer type {d.get('model_type')!r}: only llama drafter layers are supported here")
+    ec = d.get("eagle_config") or {}
+    ours = d.get("eagle3lib") or {}
+    ids = ec.get("eagle_aux_hidden_state_layer_ids") or d.get("eagle_aux_hidden_state_layer_ids")
+    if not ids:
+        raise ValueError("no eagle_config.eagle_aux_hidden_state_layer_ids (which verifier layers feed the drafter)")
+    return from_llama_fields(
+        d,
+        draft_vocab_size=int(d.get("draft_vocab_size") or d["vocab_size"]),
+        aux_layer_ids=[int(i) for i in ids],
+        norm_before_residual=bool(d.get("norm_before_residual", False)),  # vLLM: getattr(config, ..., False)
+        norm_output=bool(d.get("norm_output", False)),
+        norm_before_fc=bool(ec.get("norm_before_fc", d.get("norm_before_fc", False))),
+        fc_norm=bool(d.get("fc_norm", False)),
+        ttt_steps=int(ours.get("ttt_steps", 3)),
+        verifier=str(ours.get("verifier", "")),
+    )
+
+
+def to_layout(tensors: dict[str, Any], layout: str) -> dict[str, Any]:
+    """Tensor names of the speculators layout -> `layout`'s."""
+    if layout == "speculators":
+        return dict(tensors)
+    return {(EAGLE_LAYER + k[len("layers.0."):] if k.startswith("layers.0.") else k): v for k, v in tensors.items()}
+
+
+def from_layout(tensors: dict[str, Any]) -> dict[str, Any]:
+    """Tensor names of either layout -> the speculators layout's (what the drafter module uses)."""
+    return {("layers.0." + k[len(EAGLE_LAYER):] if k.startswith(EAGLE_LAYER) else k): v for k, v in tensors.items()}
