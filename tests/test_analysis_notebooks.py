@@ -68,3 +68,51 @@ def test_missing_metrics_file_fails_with_its_name(tmp_path):
     assert "stage 'learning_curves' failed: ValueError: " + expected in r.stderr
     m = json.loads((run / "learning_curves" / "manifest.json").read_text())
     assert m["status"] == "failed" and expected in m["error"]
+
+
+# ---------------------------------------------------------------------------------- notebooks opened as they ship
+def _execute(notebook: str, runs: Path, out: Path):
+    """papermill with no parameters, from notebooks/ (as JupyterLab runs it), looking for runs in `runs`."""
+    import os
+
+    import papermill as pm
+
+    os.environ["EAGLE3LIB_RUNS_DIR"] = str(runs)  # the kernel inherits it
+    try:
+        nb_dir = Path(__file__).parents[1] / "notebooks"
+        return pm.execute_notebook(str(nb_dir / notebook), str(out), cwd=str(nb_dir), progress_bar=False,
+                                   kernel_name="python3")
+    finally:
+        del os.environ["EAGLE3LIB_RUNS_DIR"]
+
+
+def _text(nb) -> str:
+    return "\n".join(o.get("text", "") if isinstance(o.get("text"), str) else "".join(o.get("text", []))
+                     for c in nb.cells for o in c.get("outputs", []))
+
+
+def test_analysis_notebooks_as_they_ship_show_the_fixtures_before_any_run(tmp_path):
+    for name in ("learning_curves", "cost_projection"):
+        nb = _execute(f"{name}.ipynb", tmp_path / "runs", tmp_path / f"{name}.ipynb")
+        assert "shows the shipped fixtures (tests/fixtures/analysis)" in _text(nb), name
+        assert json.loads((tmp_path / "runs" / "interactive" / name / "manifest.json").read_text())["status"] == "complete"
+
+
+def test_notebooks_as_they_ship_use_the_newest_run_with_their_inputs(tmp_path):
+    import os
+    import time
+
+    runs = tmp_path / "runs"
+    for name in ("older", "newer"):
+        shutil.copytree(FIX / "run_a" / "train", runs / name / "train")
+        time.sleep(0.05)
+    os.utime(runs / "older" / "train" / "metrics.jsonl")  # written last: the newest by its input
+    _execute("learning_curves.ipynb", runs, tmp_path / "lc.ipynb")
+    assert (runs / "older" / "learning_curves" / "manifest.json").exists() and not (runs / "newer" / "learning_curves").exists()
+
+    import papermill as pm
+
+    with pytest.raises(pm.PapermillExecutionError) as e:  # a stage notebook whose input no run has
+        _execute("03_train.ipynb", runs, tmp_path / "train.ipynb")
+    assert "no run under runs/ has extract/store.json, which the train stage reads" in str(e.value)
+    assert "python -m eagle3lib run --profile tiny --run-dir runs/interactive --stages generate,extract" in str(e.value)

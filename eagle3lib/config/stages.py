@@ -7,6 +7,7 @@ by papermill directly is checked too), and `ctx.cfg` is the stage's typed sectio
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,17 +24,33 @@ class Stage:
     section: str  # profile section holding its parameters
     title: str  # one line for the index page
     always_run: bool = False  # analysis of other stages' outputs: re-run each time, since a skip would show stale curves
+    needs: str = ""  # the input it reads from an earlier stage (relative to the run): how a notebook opened without a
+    # run_dir finds a run to work on
+    make: str = ""  # the command that makes that input, for the message when no run has it
 
 
 STAGES: tuple[Stage, ...] = (
     Stage("verifier", "00_verifier.ipynb", "verifier_report", "Verifier: what the drafter will imitate"),
     Stage("generate", "01_generate.ipynb", "generate", "Generate: the verifier's own responses"),
-    Stage("extract", "02_extract.ipynb", "extract", "Extract: hidden states for training"),
-    Stage("train", "03_train.ipynb", "train", "Train: the EAGLE-3 drafter"),
-    Stage("evaluate", "04_evaluate.ipynb", "evaluate", "Evaluate: measured acceptance length"),
-    Stage("learning_curves", "learning_curves.ipynb", "learning_curves", "Learning curves", always_run=True),
-    Stage("cost_projection", "cost_projection.ipynb", "cost_projection", "Cost projection for the full run", always_run=True),
+    Stage("extract", "02_extract.ipynb", "extract", "Extract: hidden states for training", needs="generate/manifest.json",
+          make="--stages generate"),
+    Stage("train", "03_train.ipynb", "train", "Train: the EAGLE-3 drafter", needs="extract/store.json",
+          make="--stages generate,extract"),
+    Stage("evaluate", "04_evaluate.ipynb", "evaluate", "Evaluate: measured acceptance length",
+          needs="train/final/config.json", make="--stages generate,extract,train"),
+    Stage("learning_curves", "learning_curves.ipynb", "learning_curves", "Learning curves", always_run=True,
+          needs="train/metrics.jsonl", make="--stages generate,extract,train"),
+    Stage("cost_projection", "cost_projection.ipynb", "cost_projection", "Cost projection for the full run",
+          always_run=True, needs="train/manifest.json", make="--stages generate,extract,train"),
 )
+RUNS_ENV = "EAGLE3LIB_RUNS_DIR"  # where notebooks opened without a run_dir look for runs (default: REPO_ROOT/runs)
+FIXTURES = REPO_ROOT / "tests" / "fixtures" / "analysis"
+# analysis notebooks opened before any run exists show the shipped fixtures (made by tests/fixtures/analysis/make_fixtures.py)
+FIXTURE_OVERRIDES = {
+    "learning_curves": {"learning_curves.sources": [str(FIXTURES / "run_a/train/metrics.jsonl"),
+                                                    str(FIXTURES / "run_b/train/metrics.jsonl")]},
+    "cost_projection": {"cost_projection.manifests_run_dir": str(FIXTURES / "manifests")},
+}
 STAGE_BY_NAME = {s.name: s for s in STAGES}
 
 
@@ -80,8 +97,38 @@ def stage_params(profile: Profile, stage: Stage) -> dict[str, Any]:
     return {"profile": profile.name, stage.section: profile.section(stage.section).model_dump(mode="json")}
 
 
-def open_stage(name: str, profile: str | Path, run_dir: str | Path, overrides: dict[str, Any] | None = None) -> StageContext:
+def find_run(stage: Stage, say=print) -> tuple[Path, dict[str, Any]]:
+    """A run for a notebook opened without a run_dir: the newest run under runs/ that has the stage's input (or any
+    run, for stages without one), else the shipped fixtures (analysis notebooks) or runs/interactive. Says which;
+    raises naming the command that makes the input when a stage has nothing to read. Returns (run_dir, overrides)."""
+    root = Path(os.environ.get(RUNS_ENV) or REPO_ROOT / "runs")
+    runs = [d for d in root.iterdir() if d.is_dir() and not d.name.startswith(".")] if root.is_dir() else []
+    with_input = [d for d in runs if not stage.needs or (d / stage.needs).exists()]
+    if with_input:  # newest by the input's own time: the run whose earlier stage finished last
+        run = max(with_input, key=lambda d: (d / stage.needs if stage.needs else d).stat().st_mtime)
+        why = f"the newest run under runs/ with {stage.needs}" if stage.needs else "the newest run under runs/"
+        say(f"run_dir: runs/{run.name} ({why}; set run_dir to choose another)")
+        return run, {}
+    interactive = root / "interactive"
+    if stage.name in FIXTURE_OVERRIDES:
+        say(f"run_dir: runs/interactive; no run under runs/ has {stage.needs} yet, so this shows the shipped fixtures "
+            f"({FIXTURES.relative_to(REPO_ROOT)}); `make demo` makes a real run")
+        return interactive, FIXTURE_OVERRIDES[stage.name]
+    if stage.needs:
+        raise ValueError(f"no run under runs/ has {stage.needs}, which the {stage.name} stage reads; make one with "
+                         f"`python -m eagle3lib run --profile tiny --run-dir runs/interactive {stage.make}` (or `make "
+                         "demo`), or set run_dir to a run that has it")
+    say("run_dir: runs/interactive (no run under runs/ yet)")
+    return interactive, {}
+
+
+def open_stage(name: str, profile: str | Path, run_dir: str | Path | None, overrides: dict[str, Any] | None = None,
+               say=print) -> StageContext:
+    """The stage's context. `run_dir` "" or None: a run found by `find_run` (a notebook opened as it ships)."""
     stage = get_stage(name)
+    if not run_dir:
+        run_dir, extra = find_run(stage, say)
+        overrides = {**extra, **(overrides or {})}
     prof = load_profile(profile, overrides)  # every section: stages read their neighbours (evaluate reads train.ttt_steps)
     run_dir = Path(run_dir)
     # Relative run dirs are relative to the repo, so a notebook opened in JupyterLab (cwd notebooks/) writes where the
