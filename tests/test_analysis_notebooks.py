@@ -29,6 +29,9 @@ def test_both_notebooks_on_fixtures(tmp_path):
                 "--set", "cost_projection.avg_tokens_per_sample=240", "--set", "cost_projection.avg_output_tokens_per_sample=180",
                 "--set", "cost_projection.epochs=3")
     assert r.returncode == 0, r.stderr[-4000:]
+    console = r.stdout + r.stderr  # the runner's console: one clean line per stage step, no kernel or papermill noise
+    for noise in ("without encryption", "Unable to parse", "unknown parameter", "IProgress"):
+        assert noise not in console, noise
 
     lc = json.loads((run / "learning_curves" / "manifest.json").read_text())
     assert lc["status"] == "complete"

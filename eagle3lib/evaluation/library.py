@@ -42,8 +42,8 @@ def measure_library(cfg, vcfg, model_path: str, ckpt: Path, prompts: list[EvalPr
 def _library_runs(cfg, vcfg, model_path: str, ckpt: Path, prompts: list[EvalPrompt], k: int, eos: list[int],
                   dev) -> dict[str, Any]:
     import torch
-    import tqdm
 
+    from eagle3lib.core.progress import progress_bar
     from eagle3lib.model.checkpoint import load_drafter
     from eagle3lib.model.speculative import EagleDrafter, Verifier, plain_decode, speculative_decode
     from eagle3lib.model.verifier import load_hf_model
@@ -63,7 +63,7 @@ def _library_runs(cfg, vcfg, model_path: str, ckpt: Path, prompts: list[EvalProm
     plain_decode(verifier, w, min(8, cfg.max_tokens), eos=eos)
     speculative_decode(verifier, eagle, w, min(8, cfg.max_tokens), k, eos=eos)
     records = []
-    bar = tqdm.tqdm(prompts, desc="library", mininterval=5.0, disable=not cfg.progress)
+    bar = progress_bar(prompts, desc="library", unit="prompt", mininterval=5.0, disable=not cfg.progress)
     for i, p in enumerate(bar):
         rec: dict[str, Any] = {"id": p.id, "category": p.category, "prompt_tokens": len(p.token_ids)}
         plain = plain_decode(verifier, p.token_ids, cfg.max_tokens, eos=eos, temperature=base_t,

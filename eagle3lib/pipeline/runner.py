@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+import tempfile
 import time
 from datetime import datetime
 from pathlib import Path
@@ -21,7 +22,9 @@ from eagle3lib.config.stages import Stage, existing_stages, get_stage, stage_par
 from eagle3lib.core.atomic import write_json_atomic
 from eagle3lib.core.manifest import now_iso, read_manifest, update_manifest
 from eagle3lib.core.paths import NOTEBOOKS_DIR, REPO_ROOT
+from eagle3lib.core.progress import HEADLESS_ENV
 from eagle3lib.pipeline.index import write_index
+from eagle3lib.pipeline.kernel import ipc_kernel_manager
 
 
 class StageFailed(RuntimeError):
@@ -62,18 +65,21 @@ def run_stage(stage: Stage, profile: str, run_dir: Path, overrides: dict[str, An
     # Caches that vLLM/inductor would write under $HOME and /tmp go into the run, keeping it self-contained.
     os.environ.setdefault("VLLM_CACHE_ROOT", str(run_dir / ".cache" / "vllm"))
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(run_dir / ".cache" / "inductor"))
+    os.environ[HEADLESS_ENV] = "1"  # progress bars print one summary line each into the report
     t0 = time.time()
     error = None
     try:
-        pm.execute_notebook(
-            str(NOTEBOOKS_DIR / stage.notebook),
-            str(out_nb),
-            parameters={"profile": profile, "run_dir": str(run_dir), "overrides": overrides},
-            cwd=str(REPO_ROOT),
-            log_output=True,
-            progress_bar=False,
-            kernel_name="python3",
-        )
+        with tempfile.TemporaryDirectory(prefix="eagle3lib-kernel-") as sockets:
+            pm.execute_notebook(
+                str(NOTEBOOKS_DIR / stage.notebook),
+                str(out_nb),
+                parameters={"profile": profile, "run_dir": str(run_dir), "overrides": overrides},
+                cwd=str(REPO_ROOT),
+                log_output=True,
+                progress_bar=False,
+                kernel_name="python3",
+                kernel_manager_class=ipc_kernel_manager(sockets),
+            )
     except pm.PapermillExecutionError as e:
         error = f"{e.ename}: {e.evalue}"
     except Exception as e:  # kernel died, notebook unreadable: still a stage failure with a clear message

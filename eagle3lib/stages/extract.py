@@ -220,10 +220,10 @@ def extract(cfg: Any, vcfg: Any, out_dir: str | Path, gen_dir: str | Path | None
 
 
 def _extract(cfg, vcfg, model_path, facts, out_dir, todo, todo_tokens, writer, hf_model, extractor) -> dict[str, Any]:
-    from tqdm import tqdm
+    from eagle3lib.core.progress import progress_bar
 
     aux = facts["aux_layer_ids"]
-    bar = tqdm(total=todo_tokens, unit="tok", unit_scale=True, desc="extract", mininterval=3.0, disable=not cfg.progress,
+    bar = progress_bar(total=todo_tokens, unit="tok", unit_scale=True, desc="extract", mininterval=3.0, disable=not cfg.progress,
                file=sys.stderr)
     extra: dict[str, Any] = {}
     old_threads = torch.get_num_threads()

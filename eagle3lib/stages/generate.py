@@ -36,6 +36,7 @@ from tqdm import tqdm
 from eagle3lib.core.async_run import run_coroutine
 from eagle3lib.core.atomic import write_json_atomic
 from eagle3lib.core.manifest import StageTimer, read_manifest, update_manifest
+from eagle3lib.core.progress import progress_bar
 from eagle3lib.data.datasets import Conversation, DatasetError, LoadStats, load_conversations, resolve_path
 from eagle3lib.data.records import FINAL_STATUSES, STATUSES, ReadStats, ShardWriter, latest_records, list_shards
 from eagle3lib.vllm.client import ChatResult, RetryPolicy, chat_payload, chat_with_retries
@@ -205,7 +206,7 @@ async def _answer_all(pending: list[Conversation], endpoint: Endpoint, cfg, writ
     """Answer `pending` with `cfg.concurrency` workers; returns the wall time. Raises ServerUnreachable to stop."""
     policy = RetryPolicy(cfg.max_attempts, cfg.backoff_base_s, cfg.backoff_max_s, cfg.server_down_wait_s)
     todo = iter(pending)  # shared by the workers: next() never awaits, so each prompt goes to exactly one worker
-    pbar = tqdm(total=len(pending), desc="generate", unit="sample", mininterval=5.0, disable=not cfg.progress,
+    pbar = progress_bar(total=len(pending), desc="generate", unit="sample", mininterval=5.0, disable=not cfg.progress,
                 file=sys.stderr)
     t0 = time.monotonic()
     window: deque[tuple[float, int]] = deque([(t0, 0)])

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
-import tqdm
 
+from eagle3lib.core.progress import progress_bar
 from eagle3lib.vllm.endpoint import Endpoint, http_client
 from eagle3lib.vllm.spec_metrics import MetricsError, SpecCounters, fetch_counters
 
@@ -70,7 +70,7 @@ def run_pass(endpoint: Endpoint, prompts: list[EvalPrompt], *, temperature: floa
                            "categories": {}, "outputs": {}}
     total = SpecCounters()
     headers = endpoint.headers()
-    bar = tqdm.tqdm(total=len(prompts), desc=label or "vllm", mininterval=5.0, disable=not progress)
+    bar = progress_bar(total=len(prompts), desc=label or "vllm", unit="request", mininterval=5.0, disable=not progress)
     with http_client(endpoint, concurrency, request_timeout_s, connect_timeout_s) as http, \
             ThreadPoolExecutor(concurrency) as pool:
         for cat in cats:
