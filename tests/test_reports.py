@@ -19,12 +19,28 @@ def test_fmt_and_figures_table():
     from eagle3lib.reports.tables import figures_table, fmt
 
     assert fmt(87795136) == "87,795,136" and fmt(8.7795136e7) == "87,795,136" and fmt(3.14159) == "3.142"
-    assert fmt(0.00012345) == "0.000123" and fmt(True) == "True" and fmt([2, 4, 5]) == "2, 4, 5" and fmt(None) == "None"
-    assert fmt(float("nan")) == "nan"
+    assert fmt(0.00012345) == "0.000123" and fmt(True) == "True" and fmt([2, 4, 5]) == "2, 4, 5" and fmt(None) == "–"
+    assert fmt(float("nan")) == "nan" and fmt(6.161e7) == "61,610,000" and fmt(12345.6) == "12,346"
+    assert (fmt(12.345, "hours"), fmt(0.01, "hours_lo"), fmt(0.0, "hours")) == ("12.3", "<0.1", "0")
+    assert (fmt(1234.5, "usd"), fmt(0.2, "usd_hi"), fmt(0, "usd")) == ("$1,234", "<$1", "$0")
     t = figures_table({"samples": 1200, "tau": 3.1666, "nested": {"a": 1}, "skip_me": 1}, skip=["skip_me"])
     assert t.rows() == [("samples", "1,200"), ("tau", "3.167")]
     many = figures_table({f"f{i}": i for i in range(40)})._repr_html_()  # shown whole, no "…" row
     assert many.count("<tr>") == 41 and "f39" in many and "…" not in many
+
+
+
+def test_paths_are_shown_relative_to_the_run(tmp_path):
+    import polars as pl
+
+    from eagle3lib.core.paths import REPO_ROOT
+    from eagle3lib.reports.tables import Table, for_people, people_text
+
+    for_people(tmp_path / "run")
+    assert people_text(f"manifest {tmp_path}/run/train/manifest.json") == "manifest train/manifest.json"
+    assert people_text(f"{REPO_ROOT}/params/hardware.yaml") == "params/hardware.yaml"
+    html = Table(pl.DataFrame({"source": [f"{tmp_path}/run/train/metrics.jsonl"], "n": [None]}))._repr_html_()
+    assert "<td>train/metrics.jsonl</td>" in html and "<td>–</td>" in html and str(tmp_path) not in html
 
 
 def test_verifier_report():

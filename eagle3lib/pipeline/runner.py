@@ -9,6 +9,7 @@ the run, naming the executed notebook that holds the traceback. RUN_DIR/index.ht
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -42,6 +43,8 @@ def render_html(nb_path: Path, html_path: Path) -> None:
 
     nb = nbformat.read(nb_path, as_version=4)
     body, _ = HTMLExporter(exclude_input=True, exclude_input_prompt=True, exclude_output_prompt=True).from_notebook_node(nb)
+    # the template loads require.js and MathJax from a CDN; a report has no code to run, and must open offline
+    body = re.sub(r'<script[^>]*\ssrc="https?://[^"]*"[^>]*>\s*</script>', "", body)
     html_path.write_text(body)
 
 

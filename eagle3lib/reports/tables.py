@@ -5,15 +5,25 @@ from __future__ import annotations
 import html
 import math
 from collections.abc import Iterable
+from pathlib import Path, PurePath
 from typing import Any
 
 import polars as pl
+from pydantic import BaseModel
 
 
-def fmt(value: Any) -> str:
-    """Thousands separators for counts, 4 significant digits for measurements, plain text for the rest."""
-    if isinstance(value, bool) or value is None:
+def fmt(value: Any, column: str = "") -> str:
+    """Thousands separators for counts, 4 significant digits for measurements, plain text for the rest; by column
+    name, hours to 0.1 and dollars whole. A missing value is a dash."""
+    if value is None:
+        return "–"
+    if isinstance(value, bool):
         return str(value)
+    if isinstance(value, int | float) and math.isfinite(value):
+        if "usd" in column:
+            return "$0" if value == 0 else f"${value:,.0f}" if abs(value) >= 0.5 else "<$1"
+        if column.endswith("hours") or "hours_" in column:
+            return "0" if value == 0 else f"{value:,.1f}" if abs(value) >= 0.05 else "<0.1"
     if isinstance(value, int):
         return f"{value:,}"
     if isinstance(value, float):
@@ -21,6 +31,8 @@ def fmt(value: Any) -> str:
             return str(value)
         if value == int(value) and abs(value) < 1e15:
             return f"{int(value):,}"
+        if abs(value) >= 1e4:
+            return f"{value:,.0f}"
         return f"{value:,.4g}" if abs(value) >= 1e-3 else f"{value:.3g}"
     if isinstance(value, list | tuple):
         return ", ".join(fmt(v) for v in value)
@@ -39,8 +51,9 @@ class Table:
 
     def _repr_html_(self) -> str:
         head = "".join(f"<th>{html.escape(c)}</th>" for c in self.frame.columns)
-        body = "".join("<tr>" + "".join(f"<td>{html.escape(fmt(v))}</td>" for v in row) + "</tr>"
-                       for row in self.frame.iter_rows())
+        cols = self.frame.columns
+        body = "".join("<tr>" + "".join(f"<td>{html.escape(people_text(fmt(v, c)))}</td>" for v, c in zip(row, cols, strict=True))
+                       + "</tr>" for row in self.frame.iter_rows())
         return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
     def __repr__(self) -> str:
@@ -53,6 +66,45 @@ def figures_table(figures: dict[str, Any], skip: Iterable[str] = ()) -> Table:
     skip = set(skip)
     rows = [(k, fmt(v)) for k, v in figures.items() if k not in skip and not isinstance(v, dict)]
     return Table(pl.DataFrame(rows, schema={"figure": pl.String, "value": pl.String}, orient="row"))
+
+
+_RUN_DIR: list[Path] = []  # the run a notebook shows (set by for_people): paths are shown relative to it
+
+
+def people_text(text: str) -> str:
+    """Paths inside the run shown relative to it, inside the repository relative to its root: a report never shows
+    the absolute paths of the machine that ran it."""
+    from eagle3lib.core.paths import REPO_ROOT
+
+    for root in [*_RUN_DIR, REPO_ROOT]:
+        text = text.replace(f"{root}/", "").replace(str(root), ".")
+    return text
+
+
+def _config_html(cfg: BaseModel) -> str:
+    rows = [(k, str(v) if isinstance(v, dict) else fmt(v)) for k, v in cfg.model_dump(mode="json").items()]
+    body = "".join(f"<tr><td><code>{html.escape(k)}</code></td><td>{html.escape(people_text(v))}</td></tr>"
+                   for k, v in rows)
+    return f"<table><thead><tr><th>{type(cfg).__name__}</th><th>value</th></tr></thead><tbody>{body}</tbody></table>"
+
+
+def for_people(run_dir: str | Path | None = None) -> None:
+    """In this notebook: tables shown whole and formatted (no polars "…" rows, dtype rows or quoted strings), a
+    profile section as a parameter table instead of its repr, paths relative to the run directory."""
+    if run_dir is not None:
+        _RUN_DIR[:] = [Path(run_dir)]
+    full_tables()
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return
+    shell = get_ipython()
+    if shell is None:
+        return
+    fmts = shell.display_formatter.formatters
+    fmts["text/html"].for_type(pl.DataFrame, lambda df: Table(df)._repr_html_())
+    fmts["text/html"].for_type(BaseModel, _config_html)
+    fmts["text/plain"].for_type(PurePath, lambda p, printer, cycle: printer.text(people_text(str(p))))
 
 
 def full_tables() -> None:

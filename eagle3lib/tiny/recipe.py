@@ -114,9 +114,8 @@ def build_tiny_verifier(recipe: TinyRecipe, out_dir: Path, *, progress: bool = T
     """Tokenizer, weights and build_report.json into out_dir. `max_steps`: stop training early and return the report
     without saving the model (the check that a rebuild reproduces the shipped weights' first losses)."""
     import torch
+    from tqdm.auto import tqdm
     from transformers import AutoTokenizer, GenerationConfig, Qwen3Config, Qwen3ForCausalLM
-
-    from eagle3lib.core.progress import progress_bar
 
     t_start = time.time()
     torch.set_num_threads(recipe.threads)
@@ -164,7 +163,7 @@ def build_tiny_verifier(recipe: TinyRecipe, out_dir: Path, *, progress: bool = T
     t_train = time.time()
     losses = []
     model.train()
-    bar = progress_bar(range(n_steps), desc="tiny verifier", disable=not progress, mininterval=5)
+    bar = tqdm(range(n_steps), desc="tiny verifier", disable=not progress, mininterval=5)
     for step in bar:
         for g in opt.param_groups:
             g["lr"] = lr_at(step)
