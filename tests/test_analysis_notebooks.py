@@ -95,7 +95,7 @@ def _text(nb) -> str:
 
 
 def test_analysis_notebooks_as_they_ship_show_the_fixtures_before_any_run(tmp_path):
-    for name in ("learning_curves", "cost_projection"):
+    for name in ("learning_curves", "cost_projection", "compare_runs"):
         nb = _execute(f"{name}.ipynb", tmp_path / "runs", tmp_path / f"{name}.ipynb")
         assert "shows the shipped fixtures (tests/fixtures/analysis)" in _text(nb), name
         assert json.loads((tmp_path / "runs" / "interactive" / name / "manifest.json").read_text())["status"] == "complete"
@@ -119,3 +119,36 @@ def test_notebooks_as_they_ship_use_the_newest_run_with_their_inputs(tmp_path):
         _execute("03_train.ipynb", runs, tmp_path / "train.ipynb")
     assert "no run under runs/ has extract/store.json, which the train stage reads" in str(e.value)
     assert "python -m eagle3lib run --profile tiny --run-dir runs/interactive --stages generate,extract" in str(e.value)
+
+
+def test_compare_runs_side_by_side(tmp_path):
+    """Two runs: one with an evaluate stage (tau per method, position and category), one without (dashes)."""
+    import csv
+
+    runs = {}
+    for name in ("a", "b"):
+        run = tmp_path / name
+        shutil.copytree(FIX / "manifests", run)
+        runs[name] = run
+    ev = {"stage": "evaluate", "status": "complete", "wall_s": 60.0,
+          "figures": {"tau_vllm_greedy": 2.75, "tau_lib_greedy": 2.74, "tau_val_est": 3.1, "accept_rate_pos_1_vllm_greedy": 0.8,
+                      "accept_rate_pos_2_vllm_greedy": 0.55, "accept_rate_pos_3_vllm_greedy": 0.4,
+                      "tau_vllm_greedy_chat": 2.5, "tau_vllm_greedy_math": 3.0}}
+    (runs["a"] / "evaluate").mkdir()
+    (runs["a"] / "evaluate" / "manifest.json").write_text(json.dumps(ev))
+    r = run_cli("--run-dir", str(runs["a"]), "--stages", "compare_runs", "--set",
+                f"compare_runs.runs={json.dumps([str(runs['a']), str(runs['b'])])}")
+    assert r.returncode == 0, r.stderr[-4000:]
+    m = json.loads((runs["a"] / "compare_runs" / "manifest.json").read_text())
+    assert m["status"] == "complete" and m["figures"]["runs"] == 2
+    assert m["figures"]["a.tau_vllm_greedy"] == 2.75 and m["figures"]["b.tau_vllm_greedy"] is None
+    assert m["figures"]["a.train_tokens_per_s"] == 3000
+    rows = {r_["method"]: r_ for r_ in csv.DictReader(open(runs["a"] / "compare_runs" / "acceptance.csv"))}
+    assert rows["vllm_greedy"]["a"] == "2.75" and rows["vllm_greedy"]["b"] == ""
+    pos = list(csv.DictReader(open(runs["a"] / "compare_runs" / "positions.csv")))
+    assert [p["position"] for p in pos] == ["1", "2", "3"] and pos[1]["a"] == "0.55"
+    tput = {(t["stage"], t["figure"]): t for t in csv.DictReader(open(runs["a"] / "compare_runs" / "throughput.csv"))}
+    assert tput[("extract", "tokens_per_s")]["b"] == "2400.0"
+    html = (runs["a"] / "compare_runs" / "report.html").read_text()
+    assert "image/png" in html and "<td>–</td>" in html  # the plot, and b's missing evaluate as dashes
+    assert 'href="compare_runs/report.html"' in (runs["a"] / "index.html").read_text()

@@ -67,7 +67,7 @@ def runs(tmp_path_factory) -> Path:
     shutil.copytree(FIX / "manifests", run)
     shutil.copytree(FIX / "run_a" / "train", run / "train", dirs_exist_ok=True)
     r = subprocess.run([sys.executable, "-m", "eagle3lib", "run", "--run-dir", str(run), "--stages",
-                        "learning_curves,cost_projection"], capture_output=True, text=True, cwd=ROOT)
+                        "learning_curves,cost_projection,compare_runs"], capture_output=True, text=True, cwd=ROOT)
     assert r.returncode == 0, r.stderr[-3000:]
     return runs
 

@@ -39,7 +39,7 @@ def test_tiny_pipeline_end_to_end(tiny_verifier, tmp_path):
     r = subprocess.run(args, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-5000:]
 
-    stages = ["verifier", "generate", "extract", "train", "evaluate", "learning_curves", "cost_projection"]
+    stages = ["verifier", "generate", "extract", "train", "evaluate", "learning_curves", "cost_projection", "compare_runs"]
     for stage in stages:
         m = manifest(run, stage)
         assert m["status"] == "complete", (stage, m.get("error"))
@@ -92,3 +92,5 @@ def test_tiny_pipeline_end_to_end(tiny_verifier, tmp_path):
     assert lc  # the curves stage read this run's metrics
     cp = manifest(run, "cost_projection")["figures"]
     assert cp
+    cr = manifest(run, "compare_runs")["figures"]
+    assert cr["runs"] >= 1 and cr["run.tau_vllm_greedy"] == e["tau_vllm_greedy"]  # this run first, by its folder name

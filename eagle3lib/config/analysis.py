@@ -1,4 +1,5 @@
-"""The analysis sections: `learning_curves` (how is training going?) and `cost_projection` (what will the hero run cost?).
+"""The analysis sections: `learning_curves` (how is training going?), `cost_projection` (what will the hero run cost?)
+and `compare_runs` (how do these runs differ?).
 
 Neither stage runs a model: they read what the other stages wrote (metrics JSONL, manifests) or what a user enters by
 hand, so both also work on a laptop against a log fetched from the training host.
@@ -64,3 +65,8 @@ class CostProjectionConfig(StageConfig):
         if bad:
             raise ValueError(f"speed factors must be > 0 (rows {bad})")
         return v
+
+
+class CompareRunsConfig(StageConfig):
+    runs: list[str] = []  # run directories or globs (relative to the repo root); [] = this run + every other run under runs/
+    labels: list[str] = []  # one name per run after glob expansion; [] = each run folder's name

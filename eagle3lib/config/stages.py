@@ -42,6 +42,8 @@ STAGES: tuple[Stage, ...] = (
           needs="train/metrics.jsonl", make="--stages generate,extract,train"),
     Stage("cost_projection", "cost_projection.ipynb", "cost_projection", "Cost projection for the full run",
           always_run=True, needs="train/manifest.json", make="--stages generate,extract,train"),
+    Stage("compare_runs", "compare_runs.ipynb", "compare_runs", "Compare runs side by side", always_run=True,
+          needs="train/manifest.json", make="--stages generate,extract,train"),
 )
 RUNS_ENV = "EAGLE3LIB_RUNS_DIR"  # where notebooks opened without a run_dir look for runs (default: REPO_ROOT/runs)
 FIXTURES = REPO_ROOT / "tests" / "fixtures" / "analysis"
@@ -50,6 +52,7 @@ FIXTURE_OVERRIDES = {
     "learning_curves": {"learning_curves.sources": [str(FIXTURES / "run_a/train/metrics.jsonl"),
                                                     str(FIXTURES / "run_b/train/metrics.jsonl")]},
     "cost_projection": {"cost_projection.manifests_run_dir": str(FIXTURES / "manifests")},
+    "compare_runs": {"compare_runs.runs": [str(FIXTURES / "manifests")]},
 }
 STAGE_BY_NAME = {s.name: s for s in STAGES}
 
