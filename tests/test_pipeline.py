@@ -46,6 +46,18 @@ def test_tiny_pipeline_end_to_end(tiny_verifier, tmp_path):
         assert m["wall_s"] > 0 and (run / stage / "report.html").exists(), stage
     index = (run / "index.html").read_text()
     assert all(f'href="{s}/report.html"' in index for s in stages)
+    from eagle3lib.core.paths import REPO_ROOT
+
+    assert str(run) not in index and str(REPO_ROOT) not in index  # figures such as server_model shown relative
+    import re
+
+    for stage in stages:  # reports people can share: no reprs, no tracebacks, no CDN scripts (stage console lines
+        # may still name absolute paths: not yet relative everywhere)
+        html = (run / stage / "report.html").read_text()
+        text = re.sub(r'src="data:[^"]*"', "", html)
+        assert "PosixPath(" not in text and not re.search(r"\b\w+Config\(", text), stage
+        assert "Traceback" not in text, stage
+        assert not re.search(r'<script[^>]*src="https?://', html), stage  # opens offline
 
     g = manifest(run, "generate")["figures"]
     assert g["samples_total"] == 160

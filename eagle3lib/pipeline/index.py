@@ -8,6 +8,8 @@ from pathlib import Path
 from eagle3lib.config.stages import STAGES
 from eagle3lib.core.atomic import write_text_atomic
 from eagle3lib.core.manifest import read_manifest
+from eagle3lib.core.paths import REPO_ROOT
+from eagle3lib.reports.tables import relative_text
 
 STYLE = """
 body{font-family:system-ui,sans-serif;margin:2em auto;max-width:60em;color:#222}
@@ -16,17 +18,17 @@ table{border-collapse:collapse;width:100%}td,th{border-bottom:1px solid #ddd;pad
 """
 
 
-def _fmt(v) -> str:
+def _fmt(v, run_dir: Path) -> str:
     if isinstance(v, float):
         return f"{v:,.3g}" if abs(v) < 1000 else f"{v:,.0f}"
     if isinstance(v, int):
         return f"{v:,}"
-    return html.escape(str(v))
+    return html.escape(relative_text(str(v), run_dir, REPO_ROOT))  # no absolute paths of this machine on the page
 
 
-def _headline(figures: dict, limit: int = 8) -> str:
+def _headline(figures: dict, run_dir: Path, limit: int = 8) -> str:
     items = [(k, v) for k, v in figures.items() if isinstance(v, int | float | str) and not isinstance(v, bool)][:limit]
-    return "<br>".join(f"<code>{html.escape(k)}</code> {_fmt(v)}" for k, v in items)
+    return "<br>".join(f"<code>{html.escape(k)}</code> {_fmt(v, run_dir)}" for k, v in items)
 
 
 def write_index(run_dir: str | Path) -> Path:
@@ -43,12 +45,12 @@ def write_index(run_dir: str | Path) -> Path:
         links.append(f'<a href="{stage.name}/manifest.json">manifest</a>')
         if m.get("notebook") and (run_dir / stage.name / m["notebook"]).exists():
             links.append(f'<a href="{stage.name}/{m["notebook"]}">notebook</a>')
-        err = f"<br><small>{html.escape(str(m['error']))}</small>" if m.get("error") else ""
+        err = f"<br><small>{html.escape(relative_text(str(m['error']), run_dir, REPO_ROOT))}</small>" if m.get("error") else ""
         wall = m.get("wall_s")
         rows.append(
             f"<tr><td><b>{stage.name}</b><br><small>{html.escape(stage.title)}</small></td>"
             f'<td class="{status}">{status}{err}</td><td>{"" if wall is None else f"{wall:,.0f} s"}</td>'
-            f"<td>{_headline(m.get('figures') or {})}</td><td>{' · '.join(links)}</td></tr>"
+            f"<td>{_headline(m.get('figures') or {}, run_dir)}</td><td>{' · '.join(links)}</td></tr>"
         )
     page = (
         f"<!doctype html><html><head><meta charset='utf-8'><title>eagle3lib run {html.escape(run_dir.name)}</title>"

@@ -71,14 +71,19 @@ def figures_table(figures: dict[str, Any], skip: Iterable[str] = ()) -> Table:
 _RUN_DIR: list[Path] = []  # the run a notebook shows (set by for_people): paths are shown relative to it
 
 
+def relative_text(text: str, *roots: str | Path) -> str:
+    """Each root's absolute path in `text` made relative to it (inner roots first)."""
+    for root in roots:
+        text = text.replace(f"{root}/", "").replace(str(root), ".")
+    return text
+
+
 def people_text(text: str) -> str:
     """Paths inside the run shown relative to it, inside the repository relative to its root: a report never shows
     the absolute paths of the machine that ran it."""
     from eagle3lib.core.paths import REPO_ROOT
 
-    for root in [*_RUN_DIR, REPO_ROOT]:
-        text = text.replace(f"{root}/", "").replace(str(root), ".")
-    return text
+    return relative_text(text, *_RUN_DIR, REPO_ROOT)
 
 
 def _config_html(cfg: BaseModel) -> str:
