@@ -100,11 +100,16 @@ def stage_params(profile: Profile, stage: Stage) -> dict[str, Any]:
     return {"profile": profile.name, stage.section: profile.section(stage.section).model_dump(mode="json")}
 
 
+def runs_root() -> Path:
+    """Where runs live: $EAGLE3LIB_RUNS_DIR, else REPO_ROOT/runs."""
+    return Path(os.environ.get(RUNS_ENV) or REPO_ROOT / "runs")
+
+
 def find_run(stage: Stage, say=print) -> tuple[Path, dict[str, Any]]:
     """A run for a notebook opened without a run_dir: the newest run under runs/ that has the stage's input (or any
     run, for stages without one), else the shipped fixtures (analysis notebooks) or runs/interactive. Says which;
     raises naming the command that makes the input when a stage has nothing to read. Returns (run_dir, overrides)."""
-    root = Path(os.environ.get(RUNS_ENV) or REPO_ROOT / "runs")
+    root = runs_root()
     runs = [d for d in root.iterdir() if d.is_dir() and not d.name.startswith(".")] if root.is_dir() else []
     with_input = [d for d in runs if not stage.needs or (d / stage.needs).exists()]
     if with_input:  # newest by the input's own time: the run whose earlier stage finished last

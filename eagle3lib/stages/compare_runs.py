@@ -3,9 +3,7 @@ with each run's headline figures in the manifest."""
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
-from pathlib import Path
 
 import polars as pl
 
@@ -20,10 +18,9 @@ from eagle3lib.analysis.compare import (
     positions_table,
     throughput_table,
 )
-from eagle3lib.config.stages import RUNS_ENV
+from eagle3lib.config.stages import runs_root
 from eagle3lib.core.atomic import write_text_atomic
 from eagle3lib.core.manifest import StageTimer
-from eagle3lib.core.paths import REPO_ROOT
 
 
 @dataclass
@@ -38,7 +35,7 @@ class Comparison:
 def run(ctx) -> Comparison:
     cfg = ctx.cfg
     timer = StageTimer(ctx.dir, ctx.manifest_params())
-    paths = find_runs(cfg.runs, ctx.run_dir, Path(os.environ.get(RUNS_ENV) or REPO_ROOT / "runs"))
+    paths = find_runs(cfg.runs, ctx.run_dir, runs_root())
     if cfg.labels and len(cfg.labels) != len(paths):
         raise ValueError(f"compare_runs.labels has {len(cfg.labels)} names for {len(paths)} runs: {[p.name for p in paths]}")
     runs = [load_summary(p, cfg.labels[i] if cfg.labels else None) for i, p in enumerate(paths)]

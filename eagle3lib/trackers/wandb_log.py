@@ -8,6 +8,7 @@ record of another step arrives (or the run closes), then committed.
 
 from __future__ import annotations
 
+import json
 import os
 import struct
 import uuid
@@ -114,43 +115,41 @@ def run_files(folder: Path, run_id: str) -> list[Path]:
     return sorted(Path(folder).glob(f"*-{run_id}/run-{run_id}.wandb"))
 
 
-def read_wandb(folder: str | Path, run_id: str) -> list[dict[str, Any]]:
-    """The history rows of every attempt of a run, as metrics.jsonl-shaped records, parsed with W&B's own protobuf
-    schema. A step logged twice (by two attempts) comes back twice, so a duplicate is visible."""
-    import json
-
+def _records(folder: Path, run_id: str, kind: str):
+    """The records of one type ("history", "summary", ...) of every attempt, oldest first, in W&B's protobuf schema."""
     from wandb.proto import wandb_internal_pb2 as pb
 
-    out: list[dict[str, Any]] = []
     for path in run_files(Path(folder), run_id):
         for chunk in _chunks(path):
             r = pb.Record()
             r.ParseFromString(chunk)
-            if r.WhichOneof("record_type") != "history":
+            if r.WhichOneof("record_type") == kind:
+                yield r
+
+
+def _items(updates) -> dict[str, Any]:
+    return {(i.key or "/".join(i.nested_key)): json.loads(i.value_json) for i in updates}
+
+
+def read_wandb(folder: str | Path, run_id: str) -> list[dict[str, Any]]:
+    """The history rows of every attempt of a run, as metrics.jsonl-shaped records. A step logged twice (by two
+    attempts) comes back twice, so a duplicate is visible."""
+    out: list[dict[str, Any]] = []
+    for r in _records(folder, run_id, "history"):
+        row = _items(r.history.item)
+        points: dict[tuple[str, int], dict[str, float]] = {}
+        for tag, v in row.items():
+            if tag.startswith("_") or not isinstance(v, int | float):
                 continue
-            row = {(i.key or "/".join(i.nested_key)): json.loads(i.value_json) for i in r.history.item}
-            points: dict[tuple[str, int], dict[str, float]] = {}
-            for tag, v in row.items():
-                if tag.startswith("_") or not isinstance(v, int | float):
-                    continue
-                kind, field = split_tag(tag)
-                points.setdefault((kind, int(row["_step"])), {})[f"{kind}/{field}"] = v
-            out += records_from_metrics(points)
+            kind, field = split_tag(tag)
+            points.setdefault((kind, int(row["_step"])), {})[f"{kind}/{field}"] = v
+        out += records_from_metrics(points)
     return out
 
 
 def read_summary(folder: str | Path, run_id: str) -> dict[str, Any]:
     """The run's summary values, as W&B would show them after `wandb sync` (the newest update of each key wins)."""
-    import json
-
-    from wandb.proto import wandb_internal_pb2 as pb
-
     out: dict[str, Any] = {}
-    for path in run_files(Path(folder), run_id):
-        for chunk in _chunks(path):
-            r = pb.Record()
-            r.ParseFromString(chunk)
-            if r.WhichOneof("record_type") == "summary":
-                for i in r.summary.update:
-                    out[i.key or "/".join(i.nested_key)] = json.loads(i.value_json)
+    for r in _records(folder, run_id, "summary"):
+        out.update(_items(r.summary.update))
     return out
