@@ -51,10 +51,10 @@ def test_tiny_pipeline_end_to_end(tiny_verifier, tmp_path):
     assert str(run) not in index and str(REPO_ROOT) not in index  # figures such as server_model shown relative
     import re
 
-    for stage in stages:  # reports people can share: no reprs, no tracebacks, no CDN scripts (stage console lines
-        # may still name absolute paths: not yet relative everywhere)
+    for stage in stages:  # reports people can share: no reprs, no tracebacks, no CDN scripts, no machine paths
         html = (run / stage / "report.html").read_text()
         text = re.sub(r'src="data:[^"]*"', "", html)
+        assert str(run) not in text and str(REPO_ROOT) not in text, stage  # console lines included
         assert "PosixPath(" not in text and not re.search(r"\b\w+Config\(", text), stage
         assert "Traceback" not in text, stage
         assert not re.search(r'<script[^>]*src="https?://', html), stage  # opens offline

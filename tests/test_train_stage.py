@@ -112,6 +112,14 @@ def test_outputs_schema_and_checkpoint(trained):
     steps = sorted(p.name for p in (ctx.dir / "checkpoints").iterdir())
     assert len(steps) == 2 and steps[-1] == f"step_{f['steps']:08d}"
 
+    # checkpoint choice by acceptance: best/ is the validation with the highest tau estimate (the earliest on a tie)
+    best_rec = max(val_recs, key=lambda r: (r["tau_est"], -r["step"]))
+    sel = json.loads((ctx.dir / "best" / "selection.json").read_text())
+    assert sel["step"] == best_rec["step"] == f["best_step"] and sel["val_tau_est"] == f["best_val_tau_est"]
+    assert f["still_improving"] == (val_recs[-1]["tau_est"] >= best_rec["tau_est"]) and f["validations"] == 3
+    assert f["best_val_cond_acc_0"] == best_rec["cond_acc_0"] and m["outputs"]["best"] == "best"
+    assert load_drafter(ctx.dir / "best")[1].ttt_steps == K
+
     # the public loader: same logits as the weights that were trained
     model, dcfg = load_drafter(ck)
     assert dcfg.ttt_steps == K and dcfg.draft_vocab_size == 512
@@ -171,11 +179,31 @@ def test_sigterm_then_resume_equals_uninterrupted(trained, store, tmp_path):
     m2 = train(open_stage("train", "tiny", run, RUN))  # resumes from the SIGTERM checkpoint
     assert m2["figures"]["resumed_from_step"] == stopped
     _assert_same_curve(_records(ctx_ref.dir / "metrics.jsonl"), _records(metrics))
-    # and the final weights are the same
+    # and the final weights are the same, and so is the choice of the best validation
     a = load_drafter(ctx_ref.dir / "final")[0].state_dict()
     b = load_drafter(ctx.dir / "final")[0].state_dict()
     for k in a:
         torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=1e-6)
+    assert m2["figures"]["best_step"] == m_ref["figures"]["best_step"] and m2["figures"]["validations"] == 3
+    sel = json.loads((ctx.dir / "best" / "selection.json").read_text())
+    assert sel["step"] == m_ref["figures"]["best_step"]
+
+
+def test_best_on_resume_keeps_writes_or_forgets(tmp_path):
+    """A resumed run keeps best/ when it is the checkpoint's best, writes it when the run was killed between the new
+    best's step checkpoint and best/, and forgets a best/ from past the resumed step."""
+    from eagle3lib.training.best import Best, on_resume, selection
+
+    best_dir = tmp_path / "best"
+    best_dir.mkdir()
+    b30 = Best(step=30, epoch=1.0, val_tau_est=2.5, validations=1)
+    (best_dir / "selection.json").write_text(json.dumps(selection(b30)))
+    assert on_resume(best_dir, b30, resumed_step=40) == "keep"
+    b40 = Best(step=40, epoch=1.3, val_tau_est=2.6, validations=2)  # the checkpoint at 40 says 40 is best
+    assert on_resume(best_dir, b40, resumed_step=40) == "write"
+    b20 = Best(step=20, epoch=0.7, val_tau_est=2.4, validations=1)  # resumed from an older checkpoint
+    assert on_resume(best_dir, b20, resumed_step=25) == "forget"
+    assert on_resume(best_dir, Best(), resumed_step=10) == "keep"  # no validation yet: nothing to say
 
 
 @pytest.mark.slow

@@ -11,7 +11,8 @@ from eagle3lib.config.base import StageConfig
 
 class EvaluateConfig(StageConfig):
     # --- what is evaluated
-    checkpoint: str | None = None  # drafter checkpoint folder; None = the train stage's final checkpoint in this run
+    checkpoint: str | None = None  # None or "best" = this run's train/best/ (best validation acceptance) when it is
+    # not the last step, else train/final/; "final" = train/final/; or a drafter folder
     ttt_steps: int | None = Field(None, ge=1)  # draft tokens per verification round (vLLM's num_speculative_tokens); None = train.ttt_steps
     # --- prompts
     prompts: str = "builtin:tiny-heldout"  # JSONL/Parquet (OpenAI or ShareGPT); prompt = up to the last user turn; per-category results use the record's `category`

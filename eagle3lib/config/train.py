@@ -37,6 +37,8 @@ class TrainConfig(StageConfig):
     val_fraction: float = Field(0.05, ge=0, lt=1)  # held-out share of samples, evaluated at the end of every epoch
     val_max_samples: int = Field(200, ge=0)  # cap on the held-out split, so validation stays a small fraction of an epoch
     max_samples: int | None = Field(None, ge=1)  # use only the first N samples of the store (None = all)
+    train_fraction: float = Field(1.0, gt=0, le=1)  # train on this share of the training split (nested: a smaller
+    # share is a subset of a larger one; the validation split is the same): the data-scaling stage's points
 
     # --- optimisation
     epochs: float = Field(2.0, gt=0)  # passes over the training split (fractional: stop part-way through the last)

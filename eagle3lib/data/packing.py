@@ -1,6 +1,7 @@
 """The data plan: which samples go into which row, step, process and micro-batch, deterministically from the seed.
 
-- Split: a seeded `val_fraction` of the samples (at most `val_max_samples`, at least 1 when there are >= 20) is held out.
+- Split: a seeded `val_fraction` of the samples (at most `val_max_samples`, at least 1 when there are >= 20) is held out;
+  `train_fraction` < 1 then trains on a nested seeded subset of the rest (the same held-out split for every fraction).
 - Rows: with packing, each epoch's seeded permutation is cut into windows of 512 samples, and each window is packed
   first-fit-decreasing into rows of at most `row_len` tokens (a sample longer than that is truncated); the rows are
   then shuffled. Without packing, a row is one sample.
@@ -12,6 +13,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -57,6 +59,18 @@ def split_samples(n: int, val_fraction: float, val_max: int, seed: int, ids: lis
         n_val = max(n_val, 1)
     rank = {i: r for r, i in enumerate(canonical)}
     return Split(sorted(perm[n_val:], key=rank.__getitem__), sorted(perm[:n_val], key=rank.__getitem__))
+
+
+def nested_subset(indices: list[int], fraction: float, seed: int, ids: list[str] | None = None) -> list[int]:
+    """The first `fraction` of `indices` in a seeded order that follows the samples' ids: a smaller fraction is always
+    a subset of a larger one (data-scaling points differ only in how much data they saw), whatever the store's order."""
+    if fraction >= 1:
+        return list(indices)
+    canonical = sorted(indices, key=ids.__getitem__) if ids is not None else sorted(indices)
+    g = torch.Generator().manual_seed(seed + 1_000_003)  # not the split's stream: the subset is not the split's order
+    order = [canonical[j] for j in torch.randperm(len(canonical), generator=g).tolist()]
+    keep = set(order[: max(1, math.ceil(len(order) * fraction))])
+    return [i for i in indices if i in keep]
 
 
 def pack_rows(indices: list[int], lengths: list[int], row_len: int, packing: bool,

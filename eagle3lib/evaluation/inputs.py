@@ -19,26 +19,50 @@ class EvaluateError(ValueError):
 
 
 def resolve_checkpoint(cfg, train_dir: Path) -> tuple[Path, dict[str, Any] | None, list[str]]:
-    """(checkpoint folder, the train manifest when its estimates belong to that checkpoint, warnings)."""
+    """(checkpoint folder, the train manifest when its estimates belong to that checkpoint, warnings).
+
+    By default the train stage's best/ (its best validation by estimated acceptance, eagle3lib/training/best.py) when
+    that is not the last step, else final/; the manifest's estimates are then the best validation's."""
     notes: list[str] = []
     train_m = read_manifest(train_dir)
-    train_ckpt = None
-    if train_m and train_m.get("status") == "complete" and (train_m.get("outputs") or {}).get("checkpoint"):
-        train_ckpt = (train_dir / train_m["outputs"]["checkpoint"]).resolve()
-    if cfg.checkpoint:
-        ckpt = Path(cfg.checkpoint).expanduser().resolve()
-        if train_ckpt is None or ckpt != train_ckpt:
-            notes.append(f"evaluate.checkpoint {ckpt} is not this run's train output: no training-time estimate")
-            train_m = None
-    else:
-        if train_ckpt is None:
+    outs = (train_m or {}).get("outputs") or {}
+    complete = bool(train_m and train_m.get("status") == "complete" and outs.get("checkpoint"))
+    final_ckpt = (train_dir / outs["checkpoint"]).resolve() if complete else None
+    f = (train_m or {}).get("figures") or {}
+    use_best = complete and cfg.checkpoint in (None, "best") and outs.get("best") and f.get("best_step") not in (
+        None, f.get("steps"))
+    if use_best:
+        ckpt = (train_dir / outs["best"]).resolve()
+        train_m = {**train_m, "figures": best_figures(f)}
+        notes.append(f"evaluating train/best/: the best validation (step {f['best_step']} of {f['steps']}, val_tau_est "
+                     f"{f['best_val_tau_est']:.3f}; set evaluate.checkpoint=final for the last step)")
+    elif cfg.checkpoint in (None, "best", "final"):
+        if final_ckpt is None:
             where = train_dir / "manifest.json"
             raise EvaluateError(f"{where}: no complete train stage with outputs.checkpoint (run the train stage first, "
                                 "or set evaluate.checkpoint to a drafter folder)")
-        ckpt = train_ckpt
+        ckpt = final_ckpt
+    else:
+        ckpt = Path(cfg.checkpoint).expanduser().resolve()
+        if ckpt != final_ckpt:
+            notes.append(f"evaluate.checkpoint {ckpt} is not this run's train output: no training-time estimate")
+            train_m = None
     if not (ckpt / "config.json").exists():
         raise EvaluateError(f"{ckpt}: no config.json (evaluate.checkpoint must be a drafter checkpoint folder)")
     return ckpt, train_m, notes
+
+
+def best_figures(f: dict[str, Any]) -> dict[str, Any]:
+    """The train figures as they describe best/: its validation's estimate; no training-split estimate (the last
+    training records are of later weights)."""
+    out = {k: v for k, v in f.items() if not k.startswith(("cond_acc_", "full_acc_", "val_"))}
+    out["tau_est"] = None
+    out["val_tau_est"] = f.get("best_val_tau_est")
+    i = 0
+    while f"best_val_cond_acc_{i}" in f:
+        out[f"val_cond_acc_{i}"] = f[f"best_val_cond_acc_{i}"]
+        i += 1
+    return out
 
 
 def check_drafter(ckpt: Path, dcfg, vconf, model_path: str) -> None:

@@ -380,6 +380,20 @@ def prune_checkpoints(ckpt_root: str | Path, keep: int) -> None:
         shutil.rmtree(p, ignore_errors=True)
 
 
+def newest_readable(ckpts: list[tuple[int, Path]]) -> tuple[Path, dict[str, Any], dict[str, torch.Tensor], list[str]]:
+    """The newest step checkpoint whose training state and weights read, and what was wrong with the newer ones: a
+    damaged newer one (a disk that filled up, a copy cut short) is skipped, so a run resumes a little earlier instead
+    of failing."""
+    damaged = []
+    for _, path in reversed(ckpts):
+        try:
+            return path, load_training_state(path), load_state(path), damaged
+        except CheckpointError as e:
+            damaged.append(str(e))
+    raise CheckpointError("no step checkpoint reads:\n  " + "\n  ".join(damaged) + "\ndelete them to start over "
+                          "(or set train.resume=false)")
+
+
 def load_training_state(ckpt_dir: str | Path) -> dict[str, Any]:
     path = Path(ckpt_dir) / TRAINING_STATE
     try:

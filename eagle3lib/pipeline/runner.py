@@ -36,16 +36,19 @@ def _say(msg: str) -> None:
     print(f"[eagle3lib {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
-def render_html(nb_path: Path, html_path: Path) -> None:
-    """Report-style HTML (outputs only) that can be shared without a Jupyter install."""
+def render_html(nb_path: Path, html_path: Path, run_dir: Path) -> None:
+    """Report-style HTML (outputs only) that can be shared without a Jupyter install: paths shown relative to the run
+    (or the repository), whichever stream printed them (a stage's stderr lines, a torchrun child's output)."""
     import nbformat
     from nbconvert import HTMLExporter
+
+    from eagle3lib.reports.tables import relative_text
 
     nb = nbformat.read(nb_path, as_version=4)
     body, _ = HTMLExporter(exclude_input=True, exclude_input_prompt=True, exclude_output_prompt=True).from_notebook_node(nb)
     # the template loads require.js and MathJax from a CDN; a report has no code to run, and must open offline
     body = re.sub(r'<script[^>]*\ssrc="https?://[^"]*"[^>]*>\s*</script>', "", body)
-    html_path.write_text(body)
+    html_path.write_text(relative_text(body, run_dir.resolve(), run_dir.absolute(), REPO_ROOT))
 
 
 def _param_diff(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:
@@ -89,7 +92,7 @@ def run_stage(stage: Stage, profile: str, run_dir: Path, overrides: dict[str, An
         error = f"{type(e).__name__}: {e}"
     if out_nb.exists():
         try:
-            render_html(out_nb, stage_dir / "report.html")
+            render_html(out_nb, stage_dir / "report.html", run_dir)
         except Exception as e:  # a broken rendering must not hide the stage's own result
             _say(f"{stage.name}: could not render HTML ({e})")
     fields = {"notebook": stage.notebook, "report": "report.html", "notebook_wall_s": round(time.time() - t0, 2)}

@@ -30,14 +30,13 @@ import torch
 
 from eagle3lib.core.manifest import StageTimer, now_iso, update_manifest
 from eagle3lib.data.hidden_store import HiddenStateReader, StoreError
-from eagle3lib.data.packing import collate, deal, make_plan, row_tokens, split_samples, val_rows
+from eagle3lib.data.packing import Split, collate, deal, make_plan, nested_subset, row_tokens, split_samples, val_rows
 from eagle3lib.model.checkpoint import (
     CheckpointError,
     check_compatible,
     checkpoint_dir,
     list_checkpoints,
-    load_state,
-    load_training_state,
+    newest_readable,
     prune_checkpoints,
     save_drafter,
 )
@@ -48,6 +47,8 @@ from eagle3lib.model.ttt import STAT_KEYS, TTTModel, counted_per_step, summarize
 from eagle3lib.model.verifier import aux_layer_ids, load_config, load_verifier_head, resolve_model
 from eagle3lib.trackers.run import Trackers
 from eagle3lib.training import distributed as dist
+from eagle3lib.training.best import SELECTION, Best, on_resume, selection
+from eagle3lib.training.figures import run_figures
 from eagle3lib.training.metrics import MetricsWriter, console_line, ordered_record, peak_mem_mb, read_metrics
 from eagle3lib.training.progress import Progress, Window, lr_at
 from eagle3lib.training.setup import (
@@ -111,6 +112,9 @@ class Trainer:
             raise TrainingError(f"{store_dir}: the hidden-state store holds no samples (did the extract stage run?)")
         self.lengths = self.reader.lengths
         self.split = split_samples(n_all, cfg.val_fraction, cfg.val_max_samples, cfg.seed, self.reader.ids[:n_all])
+        if cfg.train_fraction < 1:
+            self.split = Split(nested_subset(self.split.train, cfg.train_fraction, cfg.seed, self.reader.ids),
+                               self.split.val)
         if not self.split.train:
             raise TrainingError(f"{store_dir}: no training samples left after the validation split ({n_all} samples)")
         self.truncated = sum(1 for i in self.split.train if self.lengths[i] > cfg.packed_row_tokens)
@@ -150,12 +154,16 @@ class Trainer:
             n = apply_init_source(drafter, self.init, self.vocab.draft_ids)
             log(f"starting from {self.init.path} ({self.init.layout} layout; {n} of {self.vocab.size} lm_head rows)")
         self.progress, self.resume_state, self.resumed_from = Progress(), None, None
+        self.best, self.best_val = Best(), None
         ckpts = list_checkpoints(self.ckpt_root) if cfg.resume else []
         if not ckpts and self.rank == 0:  # starting over: checkpoints of an earlier run must not be resumed later
             shutil.rmtree(self.ckpt_root, ignore_errors=True)
             shutil.rmtree(self.out_dir / "final", ignore_errors=True)
+            shutil.rmtree(self.out_dir / "best", ignore_errors=True)
         if ckpts:
-            self.resumed_from, rs, weights = self._newest_readable(ckpts)
+            self.resumed_from, rs, weights, damaged = newest_readable(ckpts)
+            for d in damaged:
+                log(f"skipped a damaged checkpoint: {d}")
             self.resume_state = rs
             check_compatible(self.resumed_from, self.dcfg, self.vocab.draft_ids, rs)
             missing, unexpected = drafter.load_state_dict(weights, strict=False)
@@ -164,6 +172,7 @@ class Trainer:
             self.progress = Progress(int(rs["step"]), int(rs.get("tokens_seen", 0)), int(rs.get("samples_seen", 0)),
                                      float(rs.get("elapsed_s", 0.0)), int(rs.get("oov_step0", 0)),
                                      int(rs.get("counted_step0", 0)))
+            self.best = Best.from_state(rs.get("best"))
             log(f"resuming from {self.resumed_from} (step {self.progress.step})")
         self.n_params = count_parameters(drafter)  # the embedding is a buffer (frozen, not saved)
         self.ttt = TTTModel(drafter, head.norm_weight, head.lm_head, head.rms_norm_eps, cfg.ttt_steps, cfg.decay,
@@ -180,23 +189,6 @@ class Trainer:
             torch.set_rng_state(self.resume_state["rng_cpu"])
             if device.type == "cuda" and self.resume_state.get("rng_cuda") is not None:
                 torch.cuda.set_rng_state(self.resume_state["rng_cuda"], device)
-
-    @staticmethod
-    def _newest_readable(ckpts: list[tuple[int, Path]]) -> tuple[Path, dict[str, Any], dict[str, torch.Tensor]]:
-        """The newest step checkpoint whose training state and weights read; a damaged newer one (a disk that filled
-        up, a copy cut short) is named and skipped, so the run resumes a little earlier instead of failing."""
-        damaged = []
-        for _, path in reversed(ckpts):
-            try:
-                state, weights = load_training_state(path), load_state(path)
-            except CheckpointError as e:
-                damaged.append(str(e))
-                continue
-            for d in damaged:
-                log(f"skipped a damaged checkpoint: {d}")
-            return path, state, weights
-        raise CheckpointError("no step checkpoint reads:\n  " + "\n  ".join(damaged) + "\ndelete them to start over "
-                              "(or set train.resume=false)")
 
     def _plan(self) -> None:
         cfg = self.cfg
@@ -240,6 +232,9 @@ class Trainer:
         self.window = Window(K, device, (self.resume_state or {}).get("window"))
         self.last_train: dict[str, Any] = {}
         self.last_val: dict[str, Any] = {}
+        self.saved_step = self.progress.step if self.resumed_from else -1
+        if self.resumed_from is not None:
+            self._restore_best()
         pool = ThreadPoolExecutor(1)
         next_batches = pool.submit(self.load_step, pr.step) if pr.step < plan.total_steps else None
         try:
@@ -273,6 +268,7 @@ class Trainer:
                         next_batches.result()  # the reader is not shared between threads: let the prefetch finish
                     self.last_val = self._validate()
                     self._emit(self.last_val)
+                    self._score(self.last_val)
                 self._maybe_stop_or_save()
         finally:
             pool.shutdown(wait=True, cancel_futures=True)
@@ -348,7 +344,7 @@ class Trainer:
                                 finished_at=now_iso(),
                                 error=f"interrupted by SIGTERM at step {pr.step}; checkpoint {self.last_ckpt}")
             raise TrainingInterrupted(f"interrupted at step {pr.step}; checkpoint saved to {self.last_ckpt}")
-        if pr.step % self.cfg.ckpt_every == 0 and pr.step < self.plan.total_steps:
+        if pr.step % self.cfg.ckpt_every == 0 and pr.step < self.plan.total_steps and self.saved_step != pr.step:
             self.last_ckpt = self.save(pr.step)
 
     def save(self, step: int) -> Path:
@@ -365,12 +361,42 @@ class Trainer:
                 "rng_cuda": torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None,
                 "drafter_config": self.dcfg.to_dict(), "draft_ids": self.vocab.draft_ids,
                 "data": {"epoch": self.plan.locate(step - 1)[0] if step else 0, "seed": self.cfg.seed},
-                "window": self.window.state(),
+                "window": self.window.state(), "best": self.best.state(),
             }
             save_drafter(state, self.dcfg, path, training_state)
             prune_checkpoints(self.ckpt_root, self.cfg.keep_checkpoints)
         dist.barrier()
+        self.saved_step = step
         return path
+
+    def _score(self, val_rec: dict[str, Any]) -> None:
+        """Checkpoint choice by acceptance (eagle3lib/training/best.py): a new best is saved as a step checkpoint
+        (its training state names it) and then as best/. Every rank decides alike: the validation stats are reduced."""
+        self.best.scored(val_rec)
+        if not self.best.is_better(val_rec):
+            return
+        self.best.take(val_rec)
+        self.best_val = val_rec
+        if self.progress.step < self.plan.total_steps:  # the last step's checkpoint is _finish's
+            self.last_ckpt = self.save(self.progress.step)
+        self._write_best()
+
+    def _write_best(self) -> None:
+        state = dist.model_state(self.module)
+        if self.rank == 0:
+            save_drafter(state, self.dcfg, self.out_dir / "best", extra_files={SELECTION: selection(self.best)})
+        dist.barrier()
+
+    def _restore_best(self) -> None:
+        action = on_resume(self.out_dir / "best", self.best, self.progress.step)
+        dist.barrier()  # every rank has read best/ before rank 0 may remove it
+        if action == "write":
+            self._write_best()
+        elif action == "forget":
+            if self.rank == 0:
+                shutil.rmtree(self.out_dir / "best", ignore_errors=True)
+            log(f"best/ is not the resumed checkpoint's best (step {self.best.step}): the validations from here choose again")
+            self.best = Best()
 
     @torch.no_grad()
     def _validate(self) -> dict[str, Any]:
@@ -403,7 +429,7 @@ class Trainer:
     # ------------------------------------------------------------------------------------------------------- end
     def _finish(self) -> dict[str, Any]:
         """Final checkpoint (with resume state, so a longer rerun continues), the vLLM-loadable export, the figures."""
-        cfg, plan, pr = self.cfg, self.plan, self.progress
+        cfg, plan = self.cfg, self.plan
         self.last_ckpt = self.save(plan.total_steps)
         state = dist.model_state(self.module)
         if self.rank != 0:
@@ -411,53 +437,18 @@ class Trainer:
         final_dir = save_drafter(state, self.dcfg, self.out_dir / "final")
         exports = {f"checkpoint_{lay}": save_drafter(state, self.dcfg, self.out_dir / f"final-{lay}", layout=lay).name
                    for lay in cfg.export_layouts}
-        last_train, last_val = self.last_train, self.last_val
-        if not last_train or not last_val:  # resumed at the very end: the records are in the file
+        last_train, last_val, best_val = self.last_train, self.last_val, self.best_val
+        if not last_train or not last_val or (self.best.step and best_val is None):  # resumed: the records are in the file
             recs = read_metrics(self.out_dir / "metrics.jsonl")
             last_train = last_train or next((r for r in reversed(recs) if r.get("kind") == "train"), {})
             last_val = last_val or next((r for r in reversed(recs) if r.get("kind") == "val"), {})
-        figures: dict[str, Any] = {
-            "steps": plan.total_steps,
-            "epochs": plan.epoch_float(plan.total_steps - 1),
-            "tokens_seen": pr.tokens_seen,
-            "samples_seen": pr.samples_seen,
-            "tokens_per_s": self.run_tokens / self.train_time if self.train_time else None,
-            "samples_per_s": self.run_samples / self.train_time if self.train_time else None,
-            "num_processes": self.world,
-            "final_loss": last_train.get("loss"),
-            "tau_est": last_train.get("tau_est"),
-            "val_tau_est": last_val.get("tau_est"),
-            "val_loss": last_val.get("loss"),
-        }
-        for k in range(cfg.ttt_steps):
-            figures[f"full_acc_{k}"] = last_train.get(f"full_acc_{k}")
-            figures[f"cond_acc_{k}"] = last_train.get(f"cond_acc_{k}")
-        for k in range(cfg.ttt_steps):
-            figures[f"val_full_acc_{k}"] = last_val.get(f"full_acc_{k}")
-            figures[f"val_cond_acc_{k}"] = last_val.get(f"cond_acc_{k}")
-        figures.update({
-            "draft_vocab_size": self.vocab.size,
-            "draft_vocab_coverage": self.vocab.coverage,
-            "argmax_outside_draft_vocab": pr.oov_step0,
-            "argmax_outside_draft_vocab_frac": pr.oov_step0 / pr.counted_step0 if pr.counted_step0 else 0.0,
-            "peak_mem_mb": last_train.get("peak_mem_mb"),
-            "wall_s": round(time.time() - self.t_start, 2),
-            "train_s": round(self.train_time, 2),
-            "kernels": self.backend,
-            "attention": self.attention,
-            "distributed": cfg.distributed if self.world > 1 else "none",
-            "device": str(self.device.type),
-            "train_samples": len(self.split.train),
-            "val_samples": len(self.split.val),
-            "truncated_samples": self.truncated,
-            "drafter_parameters": self.n_params,
-            "ttt_steps": cfg.ttt_steps,
-            "resumed_from_step": int(self.resume_state.get("step", 0)) if self.resume_state else None,
-            "init_from": cfg.init_from,
-        })
+            best_val = best_val or next((r for r in recs if r.get("kind") == "val" and r["step"] == self.best.step), {})
+        figures = run_figures(self, last_train, last_val, best_val)
         outputs = {"checkpoint": str(final_dir.relative_to(self.out_dir)), "metrics": "metrics.jsonl",
                    "draft_vocab": "draft_vocab.safetensors",
                    "last_step_checkpoint": str(self.last_ckpt.relative_to(self.out_dir))}
+        if self.best.step and (self.out_dir / "best" / SELECTION).exists():
+            outputs["best"] = "best"
         outputs.update({**exports, **self.trackers.outputs()})
         self.trackers.summary(figures, plan.total_steps)
         if self.trackers.errors:
@@ -467,7 +458,12 @@ class Trainer:
                              finished_at=(now := now_iso()), completed_at=now))
         update_manifest(self.out_dir, resume_from=None, error=None, tracker_errors=self.trackers.errors or None)
         log(f"done: {plan.total_steps} steps, tau_est {figures['tau_est']}, val_tau_est {figures['val_tau_est']}; "
-            f"checkpoint {final_dir}")
+            f"checkpoint {final_dir.name}/")
+        if self.best.step:
+            log(f"best validation: step {self.best.step} (epoch {self.best.epoch:.2f}), val_tau_est "
+                f"{self.best.val_tau_est:.3f}: train/best/" + (
+                    "; still improving at the last validation: more epochs or more data may raise it further"
+                    if self.best.still_improving else ""))
         return m
 
 

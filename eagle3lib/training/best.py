@@ -1,0 +1,87 @@
+"""Checkpoint choice by acceptance: every validation scores the drafter by its estimated acceptance length, and
+RUN_DIR/train/best/ holds the drafter of the best one (vLLM-loadable, like final/), with `selection.json` saying which
+validation it was.
+
+Why acceptance and not loss: the loss keeps falling on the training split long after the held-out acceptance has
+peaked (over-trained EAGLE-3 drafters lose acceptance past ~4-5 epochs), and tau is what serving pays for.
+
+Resume: the best so far travels in each step checkpoint's training state. A new best is written as a step checkpoint
+first and as best/ second, so a run killed between the two resumes at exactly that step and writes best/ from the
+weights it resumed (`on_resume`); best/ from beyond the resumed step (a damaged newer checkpoint was skipped) is dropped.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+SELECTION = "selection.json"  # in best/: step, epoch and the validation's tau estimate
+
+
+@dataclass
+class Best:
+    step: int = 0  # optimizer step of the best validation; 0 = none yet
+    epoch: float = 0.0  # fractional epoch of that validation
+    val_tau_est: float = float("-inf")  # its estimated acceptance length on the validation split
+    validations: int = 0  # validations scored so far
+    last_val_tau_est: float | None = None  # the latest validation's estimate: is the run still improving?
+
+    def state(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any] | None) -> Best:
+        return cls(**state) if state else cls()
+
+    def is_better(self, val_rec: dict[str, Any]) -> bool:
+        """Strictly better only: on a tie the earlier (cheaper, less trained) drafter stays."""
+        tau = val_rec.get("tau_est")
+        return tau is not None and float(tau) > self.val_tau_est
+
+    def take(self, val_rec: dict[str, Any]) -> None:
+        self.step, self.epoch, self.val_tau_est = int(val_rec["step"]), float(val_rec["epoch"]), float(val_rec["tau_est"])
+
+    def scored(self, val_rec: dict[str, Any]) -> None:
+        self.validations += 1
+        self.last_val_tau_est = float(val_rec["tau_est"]) if val_rec.get("tau_est") is not None else None
+
+    @property
+    def still_improving(self) -> bool:
+        """The last validation is the best: more epochs or more data may still raise acceptance."""
+        return self.validations > 0 and self.last_val_tau_est is not None and self.last_val_tau_est >= self.val_tau_est
+
+    def figures(self, val_rec_of_best: dict[str, Any] | None, ttt_steps: int) -> dict[str, Any]:
+        """Manifest figures of the chosen drafter: where it is, its estimate, and its per-step accuracies (so
+        evaluate compares the measured tau with the estimate of the drafter it measures)."""
+        f: dict[str, Any] = {"best_step": self.step or None, "best_epoch": round(self.epoch, 4) if self.step else None,
+                             "best_val_tau_est": self.val_tau_est if self.step else None,
+                             "still_improving": self.still_improving, "validations": self.validations}
+        for k in range(ttt_steps):
+            f[f"best_val_cond_acc_{k}"] = (val_rec_of_best or {}).get(f"cond_acc_{k}")
+        return f
+
+
+def selection(best: Best) -> dict[str, Any]:
+    """best/selection.json: which validation chose this drafter."""
+    return {"step": best.step, "epoch": best.epoch, "val_tau_est": best.val_tau_est, "chosen_by": "val_tau_est"}
+
+
+def read_selection(best_dir: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads((best_dir / SELECTION).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def on_resume(best_dir: Path, best: Best, resumed_step: int) -> str:
+    """What a resumed run does with best/: "keep" (it holds the checkpoint's best), "write" (the checkpoint's best is
+    the step it resumed, and best/ was not written before the run was killed: write it from the resumed weights) or
+    "forget" (best/ is missing, or from past the resumed step: the caller removes it, and the validations from here
+    choose again). Reads only, so every rank can decide alike."""
+    sel = read_selection(best_dir)
+    on_disk = int(sel["step"]) if sel else 0
+    if not best.step or on_disk == best.step:
+        return "keep"
+    return "write" if best.step == resumed_step else "forget"

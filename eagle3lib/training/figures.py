@@ -1,0 +1,52 @@
+"""The train manifest's figures: what one finished run measured, from its last training and validation records."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+
+def run_figures(t, last_train: dict[str, Any], last_val: dict[str, Any], best_val: dict[str, Any] | None) -> dict[str, Any]:
+    """`t` is the finished Trainer (eagle3lib/training/loop.py); every value is a plain number, string or None."""
+    figures: dict[str, Any] = {
+        "steps": t.plan.total_steps,
+        "epochs": t.plan.epoch_float(t.plan.total_steps - 1),
+        "tokens_seen": t.progress.tokens_seen,
+        "samples_seen": t.progress.samples_seen,
+        "tokens_per_s": t.run_tokens / t.train_time if t.train_time else None,
+        "samples_per_s": t.run_samples / t.train_time if t.train_time else None,
+        "num_processes": t.world,
+        "final_loss": last_train.get("loss"),
+        "tau_est": last_train.get("tau_est"),
+        "val_tau_est": last_val.get("tau_est"),
+        "val_loss": last_val.get("loss"),
+    }
+    for k in range(t.cfg.ttt_steps):
+        figures[f"full_acc_{k}"] = last_train.get(f"full_acc_{k}")
+        figures[f"cond_acc_{k}"] = last_train.get(f"cond_acc_{k}")
+    for k in range(t.cfg.ttt_steps):
+        figures[f"val_full_acc_{k}"] = last_val.get(f"full_acc_{k}")
+        figures[f"val_cond_acc_{k}"] = last_val.get(f"cond_acc_{k}")
+    figures.update({
+        "draft_vocab_size": t.vocab.size,
+        "draft_vocab_coverage": t.vocab.coverage,
+        "argmax_outside_draft_vocab": t.progress.oov_step0,
+        "argmax_outside_draft_vocab_frac": t.progress.oov_step0 / t.progress.counted_step0 if t.progress.counted_step0 else 0.0,
+        "peak_mem_mb": last_train.get("peak_mem_mb"),
+        "wall_s": round(time.time() - t.t_start, 2),
+        "train_s": round(t.train_time, 2),
+        "kernels": t.backend,
+        "attention": t.attention,
+        "distributed": t.cfg.distributed if t.world > 1 else "none",
+        "device": str(t.device.type),
+        "train_samples": len(t.split.train),
+        "val_samples": len(t.split.val),
+        "truncated_samples": t.truncated,
+        "drafter_parameters": t.n_params,
+        "ttt_steps": t.cfg.ttt_steps,
+        "resumed_from_step": int(t.resume_state.get("step", 0)) if t.resume_state else None,
+        "init_from": t.cfg.init_from,
+        "train_fraction": t.cfg.train_fraction,
+        **t.best.figures(best_val, t.cfg.ttt_steps),
+    })
+    return figures
