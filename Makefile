@@ -9,7 +9,7 @@ STAMP := $(VENV)/.setup-$(VLLM_EXTRA)
 RUN_DIR ?= runs/demo
 PROFILE ?= tiny
 
-.PHONY: setup demo test lint lab clean-demo
+.PHONY: setup demo scaling test lint lab clean-demo
 
 setup: $(STAMP)
 
@@ -30,6 +30,11 @@ $(STAMP): pyproject.toml Makefile
 
 demo: setup
 	$(PY) -m eagle3lib run --profile $(PROFILE) --run-dir $(RUN_DIR)
+
+# How much data buys how much acceptance, on the demo's run (after `make demo`): trains the drafter on 1/8, 1/4 and
+# 1/2 of its data too, fits the curve and costs a target tau (RUN_DIR/data_scaling/report.html).
+scaling: setup
+	$(PY) -m eagle3lib run --profile $(PROFILE) --run-dir $(RUN_DIR) --stages data_scaling
 
 lint: setup
 	$(VENV)/bin/ruff check .

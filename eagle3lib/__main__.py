@@ -23,7 +23,7 @@ def main(argv: list[str] | None = None) -> int:
     r = sub.add_parser("run", help="run stage notebooks into a run directory")
     r.add_argument("--profile", default="tiny", help="profile name in params/ or a YAML path (default: tiny)")
     r.add_argument("--run-dir", default=None, help="where every stage writes (default: runs/demo in the repository)")
-    r.add_argument("--stages", default=None, help="comma-separated subset, in pipeline order (default: all that exist)")
+    r.add_argument("--stages", default=None, help="comma-separated subset, in pipeline order (default: every stage but data_scaling)")
     r.add_argument("--set", action="append", dest="overrides", metavar="SECTION.KEY=VALUE", help="override a parameter")
     r.add_argument("--force", action="store_true", help="delete the selected stages' outputs and run them from scratch")
     p = sub.add_parser("params", help="print a validated profile")

@@ -106,3 +106,18 @@ def test_tiny_pipeline_end_to_end(tiny_verifier, tmp_path):
     assert cp
     cr = manifest(run, "compare_runs")["figures"]
     assert cr["runs"] >= 1 and cr["run.tau_vllm_greedy"] == e["tau_vllm_greedy"]  # this run first, by its folder name
+
+    # data scaling (not in a default run): two more trainings on 1/4 and 1/2 of the data, the same 24 steps; the
+    # 1/2 drafter measured by its own vLLM server, the whole data's taken from the evaluate stage
+    args += ["--stages", "data_scaling", "--set", "data_scaling.fractions=[0.25,0.5,1.0]"]
+    r = subprocess.run(args, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-5000:]
+    d = manifest(run, "data_scaling")["figures"]
+    assert d["points"] == 3 and d["points_trained_here"] == 2
+    assert d["tau_vllm_greedy_1"] == e["tau_vllm_greedy"] and 1.0 <= d["tau_vllm_greedy_0.5"] <= k + 1
+    steps = [manifest(run, f"data_scaling/fraction-{f}")["figures"]["steps"] for f in ("0.25", "0.5")]
+    assert steps == [24, 24]  # as many steps as the whole data: the points differ in data only
+    html = (run / "data_scaling" / "report.html").read_text()
+    assert "how much data buys how much acceptance" in html and "Traceback" not in html
+    assert str(run) not in re.sub(r'src="data:[^"]*"', "", html)
+    assert 'href="data_scaling/report.html"' in (run / "index.html").read_text()

@@ -22,13 +22,12 @@ from train_fixtures import cached_store, make_run_dir
 from eagle3lib.config.profile import ParamsError, load_profile
 from eagle3lib.config.stages import open_stage
 from eagle3lib.core.manifest import read_manifest
-from eagle3lib.stages.train import launch_command, launch_env
-from eagle3lib.stages.train import run as launch
 from eagle3lib.trackers.base import TrackerError
 from eagle3lib.trackers.mlflow_log import client, read_mlflow, tracking_uri
 from eagle3lib.trackers.run import check_trackers, log_evaluation, read_state
 from eagle3lib.trackers.tensorboard_log import read_tensorboard
 from eagle3lib.trackers.wandb_log import read_summary, read_wandb, run_files
+from eagle3lib.training.launch import launch, launch_command, launch_env
 from eagle3lib.training.loop import train
 from eagle3lib.training.metrics import read_metrics
 

@@ -19,8 +19,7 @@ from train_fixtures import cached_store, make_run_dir
 
 from eagle3lib.config.stages import open_stage
 from eagle3lib.model.checkpoint import CheckpointError, load_drafter
-from eagle3lib.stages.train import launch_command, launch_env
-from eagle3lib.stages.train import run as launch
+from eagle3lib.training.launch import launch, launch_command, launch_env
 from eagle3lib.training.loop import train
 from eagle3lib.training.metrics import read_metrics
 from eagle3lib.training.setup import TrainingDiverged, TrainingError

@@ -224,6 +224,9 @@ def latest(run: RunMetrics) -> dict[str, Any]:
         out["val_step"] = _last(val, "step")
         for c in ("loss", *(f"full_acc_{k}" for k in range(K)), *(f"cond_acc_{k}" for k in range(K)), "tau_est"):
             out[f"val_{c}"] = _last(val, c)
+        if "tau_est" in val.columns and val["tau_est"].drop_nulls().len():  # the train stage's choice: earliest best
+            best = val.filter(pl.col("tau_est") == val["tau_est"].max()).row(0, named=True)
+            out["best_val_step"], out["best_val_tau_est"] = best["step"], best["tau_est"]
     elapsed = _last(train, "elapsed_s")
     out["elapsed_h"] = elapsed / 3600 if elapsed is not None else None
     out["steps_per_s"] = _last(train, "steps_per_s")

@@ -122,6 +122,34 @@ def overview(frame: pl.DataFrame) -> plt.Figure:
     return fig
 
 
+def val_by_epoch(frame: pl.DataFrame) -> plt.Figure | None:
+    """Validation tau estimate per epoch, each run's best marked: the checkpoint train/best/ holds (the earliest of a
+    tie, as the train stage chooses). None when no run has validation records."""
+    val = frame.filter(pl.col("kind") == "val") if "kind" in frame.columns else frame.clear()
+    if not val.height or "tau_est" not in val.columns or "epoch" not in val.columns:
+        return None
+    runs = frame["run"].unique(maintain_order=True).to_list()
+    palette = _palette(runs)
+    fig, ax = plt.subplots(figsize=(7.5, 4))
+    for run in runs:
+        v = val.filter(pl.col("run") == run).sort("step")
+        if not v.height:
+            continue
+        ep, tau = v["epoch"].to_list(), v["tau_est"].to_list()
+        ax.plot(ep, tau, marker="D", ms=4, color=palette[run], label=run)
+        i = max(range(len(tau)), key=lambda j: (tau[j], -j))
+        ax.plot([ep[i]], [tau[i]], marker="*", ms=16, color=palette[run], mec="k", ls="")
+        ax.annotate(f"best {tau[i]:.2f}" + (" (last: still improving)" if i == len(tau) - 1 else ""),
+                    (ep[i], tau[i]), textcoords="offset points", xytext=(6, 6), fontsize=8)
+    ax.set_xlabel("epoch")
+    ax.set_ylabel("validation tau estimate")
+    ax.set_title("Checkpoint choice by acceptance (star: train/best/)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
 # ------------------------------------------------------------------------------------------------- cost
 def cost_overview(cp: CostProjection) -> plt.Figure:
     """Hours per hardware row stacked by stage, and cost, each with the range of the speed factor and price."""

@@ -26,6 +26,7 @@ SECTIONS: dict[str, str] = {
     "extract": "eagle3lib.config.extract:ExtractConfig",
     "train": "eagle3lib.config.train:TrainConfig",
     "evaluate": "eagle3lib.config.evaluate:EvaluateConfig",
+    "data_scaling": "eagle3lib.config.data_scaling:DataScalingConfig",
     "learning_curves": "eagle3lib.config.analysis:LearningCurvesConfig",
     "cost_projection": "eagle3lib.config.analysis:CostProjectionConfig",
     "compare_runs": "eagle3lib.config.analysis:CompareRunsConfig",

@@ -27,6 +27,8 @@ class Stage:
     needs: str = ""  # the input it reads from an earlier stage (relative to the run): how a notebook opened without a
     # run_dir finds a run to work on
     make: str = ""  # the command that makes that input, for the message when no run has it
+    default: bool = True  # in a run without --stages; False: a stage that costs more than a first run should pay
+    # (data_scaling trains the drafter three more times), run by naming it (`make scaling`)
 
 
 STAGES: tuple[Stage, ...] = (
@@ -38,6 +40,9 @@ STAGES: tuple[Stage, ...] = (
           make="--stages generate,extract"),
     Stage("evaluate", "04_evaluate.ipynb", "evaluate", "Evaluate: measured acceptance length",
           needs="train/final/config.json", make="--stages generate,extract,train"),
+    Stage("data_scaling", "data_scaling.ipynb", "data_scaling", "Data scaling: how much data buys how much acceptance",
+          needs="train/manifest.json", make="--stages generate,extract,train,evaluate", default=False,
+          always_run=True),  # every point it has trained is reused: a rerun costs seconds, and never shows a stale fit
     Stage("learning_curves", "learning_curves.ipynb", "learning_curves", "Learning curves", always_run=True,
           needs="train/metrics.jsonl", make="--stages generate,extract,train"),
     Stage("cost_projection", "cost_projection.ipynb", "cost_projection", "Cost projection for the full run",
@@ -62,6 +67,11 @@ def existing_stages() -> list[Stage]:
     return [s for s in STAGES if (NOTEBOOKS_DIR / s.notebook).exists()]
 
 
+def default_stages() -> list[Stage]:
+    """What a run without --stages runs."""
+    return [s for s in existing_stages() if s.default]
+
+
 def get_stage(name: str) -> Stage:
     if name not in STAGE_BY_NAME:
         raise ValueError(f"unknown stage '{name}'{did_you_mean(name, STAGE_BY_NAME)}; stages: {', '.join(STAGE_BY_NAME)}")
@@ -73,11 +83,12 @@ class StageContext:
     stage: Stage
     profile: Profile
     run_dir: Path
+    out_dir: Path | None = None  # where it writes instead of RUN_DIR/<stage>/ (a data-scaling point's own train run)
 
     @property
     def dir(self) -> Path:
         """RUN_DIR/<stage>/: where this stage writes everything."""
-        return self.run_dir / self.stage.name
+        return self.out_dir or self.run_dir / self.stage.name
 
     @property
     def cfg(self) -> Any:
@@ -131,7 +142,7 @@ def find_run(stage: Stage, say=print) -> tuple[Path, dict[str, Any]]:
 
 
 def open_stage(name: str, profile: str | Path, run_dir: str | Path | None, overrides: dict[str, Any] | None = None,
-               say=print) -> StageContext:
+               say=print, out_dir: str | Path | None = None) -> StageContext:
     """The stage's context. `run_dir` "" or None: a run found by `find_run` (a notebook opened as it ships)."""
     stage = get_stage(name)
     if not run_dir:
@@ -142,5 +153,6 @@ def open_stage(name: str, profile: str | Path, run_dir: str | Path | None, overr
     # Relative run dirs are relative to the repo, so a notebook opened in JupyterLab (cwd notebooks/) writes where the
     # CLI does. The runner always passes an absolute path.
     run_dir = (run_dir if run_dir.is_absolute() else REPO_ROOT / run_dir).resolve()
-    (run_dir / stage.name).mkdir(parents=True, exist_ok=True)
-    return StageContext(stage, prof, run_dir)
+    ctx = StageContext(stage, prof, run_dir, Path(out_dir).resolve() if out_dir else None)
+    ctx.dir.mkdir(parents=True, exist_ok=True)
+    return ctx

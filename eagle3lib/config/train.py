@@ -43,6 +43,8 @@ class TrainConfig(StageConfig):
     # --- optimisation
     epochs: float = Field(2.0, gt=0)  # passes over the training split (fractional: stop part-way through the last)
     max_steps: int | None = Field(None, ge=1)  # optional cap on optimizer steps (overrides epochs when smaller)
+    patience: int | None = Field(None, ge=1)  # stop after this many validations in a row without a new best tau
+    # estimate (over-training lowers acceptance; train/best/ keeps the peak); None = train to the end
     lr: float = Field(1e-4, gt=0)  # peak AdamW learning rate (EAGLE-3 reference 5e-5..1e-4 at batch ~16k tokens)
     min_lr_ratio: float = Field(0.1, ge=0, le=1)  # cosine decay floor, as a fraction of lr
     warmup_steps: int = Field(50, ge=0)  # linear warmup

@@ -53,14 +53,15 @@ def resolve_checkpoint(cfg, train_dir: Path) -> tuple[Path, dict[str, Any] | Non
 
 
 def best_figures(f: dict[str, Any]) -> dict[str, Any]:
-    """The train figures as they describe best/: its validation's estimate; no training-split estimate (the last
-    training records are of later weights)."""
+    """The train figures as they describe best/: its validation's estimate, and the training-split estimate of the
+    last train record up to its step."""
     out = {k: v for k, v in f.items() if not k.startswith(("cond_acc_", "full_acc_", "val_"))}
-    out["tau_est"] = None
+    out["tau_est"] = f.get("best_train_tau_est")
     out["val_tau_est"] = f.get("best_val_tau_est")
     i = 0
     while f"best_val_cond_acc_{i}" in f:
         out[f"val_cond_acc_{i}"] = f[f"best_val_cond_acc_{i}"]
+        out[f"cond_acc_{i}"] = f.get(f"best_train_cond_acc_{i}")
         i += 1
     return out
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from eagle3lib.config.profile import load_profile
-from eagle3lib.config.stages import Stage, existing_stages, get_stage, stage_params
+from eagle3lib.config.stages import Stage, default_stages, existing_stages, get_stage, stage_params
 from eagle3lib.core.atomic import write_json_atomic
 from eagle3lib.core.manifest import now_iso, read_manifest, update_manifest
 from eagle3lib.core.paths import NOTEBOOKS_DIR, REPO_ROOT
@@ -249,7 +249,7 @@ def run_pipeline(
 ) -> Path:
     run_dir = Path(run_dir).resolve()
     overrides = overrides or {}
-    selected = [get_stage(s) for s in stages] if stages is not None else existing_stages()
+    selected = [get_stage(s) for s in stages] if stages is not None else default_stages()
     if not selected:
         raise ValueError("--stages: no stage given (stages: " + ", ".join(s.name for s in existing_stages()) + ")")
     missing = [s.name for s in selected if not (NOTEBOOKS_DIR / s.notebook).exists()]

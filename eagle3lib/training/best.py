@@ -26,7 +26,10 @@ class Best:
     epoch: float = 0.0  # fractional epoch of that validation
     val_tau_est: float = float("-inf")  # its estimated acceptance length on the validation split
     validations: int = 0  # validations scored so far
+    since_best: int = 0  # validations since the best one (train.patience stops the run when this reaches it)
     last_val_tau_est: float | None = None  # the latest validation's estimate: is the run still improving?
+    train_tau_est: float | None = None  # the last train record's estimate up to that step: the training-split
+    train_cond_acc: list[float] | None = None  # estimate of these weights, which evaluate shows beside the measured tau
 
     def state(self) -> dict[str, Any]:
         return asdict(self)
@@ -40,11 +43,16 @@ class Best:
         tau = val_rec.get("tau_est")
         return tau is not None and float(tau) > self.val_tau_est
 
-    def take(self, val_rec: dict[str, Any]) -> None:
+    def take(self, val_rec: dict[str, Any], train_rec: dict[str, Any], ttt_steps: int) -> None:
         self.step, self.epoch, self.val_tau_est = int(val_rec["step"]), float(val_rec["epoch"]), float(val_rec["tau_est"])
+        self.since_best = 0
+        self.train_tau_est = train_rec.get("tau_est")
+        self.train_cond_acc = [train_rec[f"cond_acc_{k}"] for k in range(ttt_steps)] if train_rec else None
 
     def scored(self, val_rec: dict[str, Any]) -> None:
+        """Count a validation (before `take` when it is a new best, which resets `since_best`)."""
         self.validations += 1
+        self.since_best += 1
         self.last_val_tau_est = float(val_rec["tau_est"]) if val_rec.get("tau_est") is not None else None
 
     @property
@@ -58,8 +66,10 @@ class Best:
         f: dict[str, Any] = {"best_step": self.step or None, "best_epoch": round(self.epoch, 4) if self.step else None,
                              "best_val_tau_est": self.val_tau_est if self.step else None,
                              "still_improving": self.still_improving, "validations": self.validations}
+        f["best_train_tau_est"] = self.train_tau_est if self.step else None
         for k in range(ttt_steps):
             f[f"best_val_cond_acc_{k}"] = (val_rec_of_best or {}).get(f"cond_acc_{k}")
+            f[f"best_train_cond_acc_{k}"] = self.train_cond_acc[k] if self.step and self.train_cond_acc else None
         return f
 
 

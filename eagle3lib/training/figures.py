@@ -9,8 +9,10 @@ from typing import Any
 def run_figures(t, last_train: dict[str, Any], last_val: dict[str, Any], best_val: dict[str, Any] | None) -> dict[str, Any]:
     """`t` is the finished Trainer (eagle3lib/training/loop.py); every value is a plain number, string or None."""
     figures: dict[str, Any] = {
-        "steps": t.plan.total_steps,
-        "epochs": t.plan.epoch_float(t.plan.total_steps - 1),
+        "steps": t.progress.step,
+        "planned_steps": t.plan.total_steps,
+        "stopped_early": t.stopped_early,  # train.patience ended the run before planned_steps
+        "epochs": t.plan.epoch_float(t.progress.step - 1),
         "tokens_seen": t.progress.tokens_seen,
         "samples_seen": t.progress.samples_seen,
         "tokens_per_s": t.run_tokens / t.train_time if t.train_time else None,
@@ -40,6 +42,7 @@ def run_figures(t, last_train: dict[str, Any], last_val: dict[str, Any], best_va
         "distributed": t.cfg.distributed if t.world > 1 else "none",
         "device": str(t.device.type),
         "train_samples": len(t.split.train),
+        "train_tokens": sum(min(t.lengths[i], t.cfg.packed_row_tokens) for i in t.split.train),  # one epoch's data
         "val_samples": len(t.split.val),
         "truncated_samples": t.truncated,
         "drafter_parameters": t.n_params,

@@ -154,7 +154,7 @@ class Trainer:
             n = apply_init_source(drafter, self.init, self.vocab.draft_ids)
             log(f"starting from {self.init.path} ({self.init.layout} layout; {n} of {self.vocab.size} lm_head rows)")
         self.progress, self.resume_state, self.resumed_from = Progress(), None, None
-        self.best, self.best_val = Best(), None
+        self.best, self.best_val, self.stopped_early = Best(), None, False
         ckpts = list_checkpoints(self.ckpt_root) if cfg.resume else []
         if not ckpts and self.rank == 0:  # starting over: checkpoints of an earlier run must not be resumed later
             shutil.rmtree(self.ckpt_root, ignore_errors=True)
@@ -173,6 +173,8 @@ class Trainer:
                                      float(rs.get("elapsed_s", 0.0)), int(rs.get("oov_step0", 0)),
                                      int(rs.get("counted_step0", 0)))
             self.best = Best.from_state(rs.get("best"))
+            # stopped by train.patience: stays stopped unless this run is more patient (then it trains on)
+            self.stopped_early = bool(cfg.patience and self.best.since_best >= cfg.patience)
             log(f"resuming from {self.resumed_from} (step {self.progress.step})")
         self.n_params = count_parameters(drafter)  # the embedding is a buffer (frozen, not saved)
         self.ttt = TTTModel(drafter, head.norm_weight, head.lm_head, head.rms_norm_eps, cfg.ttt_steps, cfg.decay,
@@ -238,7 +240,7 @@ class Trainer:
         pool = ThreadPoolExecutor(1)
         next_batches = pool.submit(self.load_step, pr.step) if pr.step < plan.total_steps else None
         try:
-            while pr.step < plan.total_steps:
+            while pr.step < plan.total_steps and not self.stopped_early:
                 t_step = time.time()
                 mbs = next_batches.result()
                 next_batches = pool.submit(self.load_step, pr.step + 1) if pr.step + 1 < plan.total_steps else None
@@ -269,6 +271,13 @@ class Trainer:
                     self.last_val = self._validate()
                     self._emit(self.last_val)
                     self._score(self.last_val)
+                    if cfg.patience and self.best.since_best >= cfg.patience:
+                        if self.window.steps:  # the open logging window is written before the run ends
+                            self._log_train(lr, grad_norm)
+                        self.stopped_early = True
+                        log(f"no better validation in {cfg.patience} (train.patience): stopping at step {pr.step} of "
+                            f"{plan.total_steps}; best step {self.best.step}")
+                        break
                 self._maybe_stop_or_save()
         finally:
             pool.shutdown(wait=True, cancel_futures=True)
@@ -375,7 +384,7 @@ class Trainer:
         self.best.scored(val_rec)
         if not self.best.is_better(val_rec):
             return
-        self.best.take(val_rec)
+        self.best.take(val_rec, self.last_train, self.cfg.ttt_steps)
         self.best_val = val_rec
         if self.progress.step < self.plan.total_steps:  # the last step's checkpoint is _finish's
             self.last_ckpt = self.save(self.progress.step)
@@ -422,15 +431,16 @@ class Trainer:
         step = self.progress.step
         rec = {"kind": "val", "step": step, "epoch": round(self.plan.epoch_float(step - 1), 4), "time": time.time(),
                "elapsed_s": self._elapsed(), "tokens": int(counts[0]), "samples": int(counts[1]),
-               **summarize(stats.cpu(), cfg.decay)}
+               "positions": int(stats[0, 0]), **summarize(stats.cpu(), cfg.decay)}  # positions: counted at step 0
         self.module.train()
         return rec
 
     # ------------------------------------------------------------------------------------------------------- end
     def _finish(self) -> dict[str, Any]:
         """Final checkpoint (with resume state, so a longer rerun continues), the vLLM-loadable export, the figures."""
-        cfg, plan = self.cfg, self.plan
-        self.last_ckpt = self.save(plan.total_steps)
+        cfg = self.cfg
+        if self.saved_step != self.progress.step:
+            self.last_ckpt = self.save(self.progress.step)  # the last step (or where train.patience stopped)
         state = dist.model_state(self.module)
         if self.rank != 0:
             return {}
@@ -450,14 +460,14 @@ class Trainer:
         if self.best.step and (self.out_dir / "best" / SELECTION).exists():
             outputs["best"] = "best"
         outputs.update({**exports, **self.trackers.outputs()})
-        self.trackers.summary(figures, plan.total_steps)
+        self.trackers.summary(figures, self.progress.step)
         if self.trackers.errors:
             figures["tracker_errors"] = len(self.trackers.errors)
         m = (self.timer.finish(figures, outputs) if self.timer else
              update_manifest(self.out_dir, status="complete", figures=figures, outputs=outputs,
                              finished_at=(now := now_iso()), completed_at=now))
         update_manifest(self.out_dir, resume_from=None, error=None, tracker_errors=self.trackers.errors or None)
-        log(f"done: {plan.total_steps} steps, tau_est {figures['tau_est']}, val_tau_est {figures['val_tau_est']}; "
+        log(f"done: {self.progress.step} steps, tau_est {figures['tau_est']}, val_tau_est {figures['val_tau_est']}; "
             f"checkpoint {final_dir.name}/")
         if self.best.step:
             log(f"best validation: step {self.best.step} (epoch {self.best.epoch:.2f}), val_tau_est "

@@ -1,0 +1,211 @@
+"""The data_scaling stage: how much data buys how much acceptance, and what a target acceptance costs.
+
+For each of `data_scaling.fractions` the drafter is trained again with the train stage's recipe on that nested share
+of the training split (train.train_fraction; the held-out split is the same for all), in
+RUN_DIR/data_scaling/fraction-<f>/ (a complete train run each: resumable, skipped when done with the same settings).
+Each point is scored by its best validation's estimated tau (train/best, eagle3lib/training/best.py); the largest
+`vllm_points` also by vLLM. The curve (eagle3lib/analysis/scaling.py) is fitted to the estimates, since every point
+has one and they share one held-out split, and inverted for the target tau, whose cost on every hardware row is the
+cost_projection section's model with the samples the curve asks for.
+
+Outputs in RUN_DIR/data_scaling/: fit.json (points, curve, band, target, cost), cost_for_target.csv, manifest.json.
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from eagle3lib.analysis.scaling import ScalingFit, explain, fit_scaling, tau_standard_error
+from eagle3lib.config.stages import open_stage
+from eagle3lib.core.atomic import write_json_atomic, write_text_atomic
+from eagle3lib.core.manifest import StageTimer, now_iso, read_manifest, update_manifest
+from eagle3lib.training.launch import launch
+from eagle3lib.training.metrics import read_metrics
+
+
+class DataScalingError(RuntimeError):
+    pass
+
+
+def _point_overrides(ctx, fraction: float) -> dict[str, Any]:
+    cfg, tcfg = ctx.cfg, ctx.profile.section("train")
+    epochs = (cfg.epochs or tcfg.epochs) / (fraction if cfg.schedule == "steps" else 1.0)
+    return {**ctx.profile.overrides, "train.train_fraction": fraction, "train.epochs": epochs,
+            "train.patience": cfg.patience, "train.report_to": [], "train.export_layouts": []}
+
+
+# train settings that do not change the drafter a run trains: a train stage that also logged to TensorBoard, or
+# checkpointed more often, is still the 1.0 point
+BOOKKEEPING = {"report_to", "tracker_project", "tracker_run_name", "wandb_mode", "mlflow_tracking_uri", "export_layouts",
+               "log_every", "ckpt_every", "keep_checkpoints", "resume", "threads"}
+
+
+def _recipe(params: dict[str, Any] | None, ignore: frozenset[str] = frozenset()) -> dict[str, Any]:
+    return {k: v for k, v in ((params or {}).get("train") or {}).items() if k not in BOOKKEEPING | ignore}
+
+
+def _done(train_dir: Path, params: dict[str, Any], ignore: frozenset[str] = frozenset()) -> dict[str, Any] | None:
+    m = read_manifest(train_dir)
+    ok = m and m.get("status") == "complete" and m.get("params", {}).get("profile") == params.get("profile")
+    return m if ok and _recipe(m.get("params"), ignore) == _recipe(params, ignore) else None
+
+
+def train_point(ctx, fraction: float, echo=print) -> tuple[Path, dict[str, Any], bool]:
+    """(train folder, its manifest, reused) of one fraction: the train stage's own run for 1.0 when it ran with the
+    same settings, a finished point from an earlier run of this stage, or a new (or resumed) training run."""
+    over = _point_overrides(ctx, fraction)
+    own = open_stage("train", ctx.profile.path, ctx.run_dir, over, say=lambda _m: None)
+    # patience only ends a run sooner: the train stage's full-length run scored every validation a patient one would
+    if fraction == 1.0 and (m := _done(ctx.stage_dir("train"), own.manifest_params(), frozenset({"patience"}))):
+        return ctx.stage_dir("train"), m, True
+    out = ctx.dir / f"fraction-{fraction:g}"
+    tctx = open_stage("train", ctx.profile.path, ctx.run_dir, over, say=lambda _m: None, out_dir=out)
+    if m := _done(out, tctx.manifest_params()):
+        return out, m, True
+    old = read_manifest(out)
+    if old and _recipe(old.get("params")) != _recipe(tctx.manifest_params()):  # another recipe: not resumed
+        shutil.rmtree(out)
+        out.mkdir(parents=True)
+    echo(f"data_scaling: training on {fraction:g} of the training split ({out.relative_to(ctx.run_dir)}/)")
+    return out, launch(tctx, echo=echo), False
+
+
+def _point(ctx, fraction: float, train_dir: Path, m: dict[str, Any], reused: bool, k: int) -> dict[str, Any]:
+    f, outs = m["figures"], m.get("outputs") or {}
+    best_step = f.get("best_step")
+    vals = [r for r in read_metrics(train_dir / "metrics.jsonl") if r.get("kind") == "val"]
+    best_rec = next((r for r in vals if r["step"] == best_step), vals[-1] if vals else {})
+    ckpt = train_dir / (outs.get("best") if outs.get("best") and best_step != f.get("steps") else outs["checkpoint"])
+    return {"fraction": fraction, "dir": str(train_dir.relative_to(ctx.run_dir)),
+            "checkpoint": str(ckpt.relative_to(ctx.run_dir)), "reused": reused,
+            "train_samples": f["train_samples"], "train_tokens": f.get("train_tokens") or f["tokens_seen"] / f["epochs"],
+            "steps": f["steps"], "epochs": f["epochs"], "train_s": f.get("train_s"),
+            "val_tau_est": f.get("best_val_tau_est") or f.get("val_tau_est"),
+            "val_tau_se": tau_standard_error(best_rec, k, best_rec.get("positions") or best_rec.get("tokens") or 1),
+            "best_step": best_step, "still_improving": f.get("still_improving"), "tau_vllm_greedy": None}
+
+
+def _vllm_tau(ctx, point: dict[str, Any], k: int) -> tuple[float | None, str]:
+    """vLLM's greedy tau for a point's drafter: the evaluate stage's when it measured this checkpoint, else measured
+    here (and kept in the point's folder, keyed by the checkpoint, so a rerun does not start a server again)."""
+    from eagle3lib.evaluation.phases import fingerprint, load_phase, save_phase
+    from eagle3lib.evaluation.vllm_tau import measure_greedy_tau
+
+    ckpt = (ctx.run_dir / point["checkpoint"]).resolve()
+    ev = read_manifest(ctx.stage_dir("evaluate"))
+    if ev and ev.get("status") == "complete" and (ev.get("outputs") or {}).get("checkpoint"):
+        if Path(ev["outputs"]["checkpoint"]).resolve() == ckpt and (ev.get("figures") or {}).get("tau_vllm_greedy"):
+            return ev["figures"]["tau_vllm_greedy"], "evaluate stage"
+    ecfg, vcfg = ctx.profile.section("evaluate"), ctx.verifier
+    pdir = ctx.dir / f"fraction-{point['fraction']:g}"
+    key = {"ckpt": fingerprint(ckpt), "k": k, "prompts": ecfg.prompts, "n_prompts": ecfg.n_prompts, "seed": ecfg.seed,
+           "max_tokens": ecfg.max_tokens, "dtype": vcfg.dtype, "server_args": [*vcfg.extra_server_args, *ecfg.server_args]}
+    res = load_phase(pdir, "vllm_greedy", key)
+    if res is None:
+        res = measure_greedy_tau(ecfg, vcfg, ckpt, k, pdir)
+        save_phase(pdir, "vllm_greedy", key, res)
+    return res["tau"], "measured here"
+
+
+def _target_cost(ctx, fit: ScalingFit, target: float, epochs: float) -> tuple[dict[str, Any], Any]:
+    """The cost of the samples the curve asks for, on every hardware row (the cost_projection section's model)."""
+    from eagle3lib.analysis.cost import project, resolve_path
+
+    ccfg = ctx.profile.section("cost_projection")
+    need = fit.needed(target)
+    out: dict[str, Any] = {**need, "target_tau": target, "samples": None,
+                           "tokens_per_sample": ccfg.avg_tokens_per_sample}
+    out["above_ceiling"] = need["tokens"] is not None and not math.isfinite(need["tokens"])
+    for key in ("tokens", "tokens_lo", "tokens_hi"):  # fit.json is strict JSON: no Infinity
+        if out[key] is not None and not math.isfinite(out[key]):
+            out[key] = None
+    if out["tokens"] is None:
+        return out, None
+    out["samples"] = max(1, math.ceil(need["tokens"] / ccfg.avg_tokens_per_sample))
+    run_dir = resolve_path(ccfg.manifests_run_dir) if ccfg.manifests_run_dir else ctx.run_dir
+    try:
+        cp = project(ccfg.model_copy(update={"samples": out["samples"], "epochs": epochs}), run_dir,
+                     ctx.profile.section("train").ttt_steps)
+    except ValueError as e:  # a stage the projection reads has not run: the curve stands without its cost
+        out["cost_error"] = str(e)
+        return out, None
+    return out, cp.totals()
+
+
+def run(ctx, echo=print) -> dict[str, Any]:
+    """The stage: returns fit.json's content; writes fit.json, cost_for_target.csv and the manifest."""
+    timer = StageTimer(ctx.dir, ctx.manifest_params())
+    try:
+        return _run(ctx, timer, echo)
+    except BaseException as e:
+        update_manifest(ctx.dir, status="failed", error=f"{type(e).__name__}: {e}", finished_at=now_iso())
+        raise
+
+
+def _run(ctx, timer: StageTimer, echo) -> dict[str, Any]:
+    cfg, tcfg = ctx.cfg, ctx.profile.section("train")
+    k, t0 = tcfg.ttt_steps, time.time()
+    if cfg.fractions and not (ctx.stage_dir("extract") / "store.json").exists():
+        raise DataScalingError(f"{ctx.stage_dir('extract') / 'store.json'}: no hidden-state store to train the "
+                               "fractions on (run --stages generate,extract first, or set data_scaling.fractions: [] "
+                               "to show reference points only)")
+    points = []
+    for fraction in cfg.fractions:
+        tdir, m, reused = train_point(ctx, fraction, echo)
+        points.append(_point(ctx, fraction, tdir, m, reused, k))
+    for p in points[::-1][: cfg.vllm_points]:
+        p["tau_vllm_greedy"], p["tau_vllm_source"] = _vllm_tau(ctx, p, k)
+    refs = [{**r.model_dump(), "tokens": r.samples * r.tokens_per_sample} for r in cfg.reference_points]
+    xs = [p["train_tokens"] for p in points] + ([r["tokens"] for r in refs] if cfg.fit_reference_points else [])
+    ys = [p["val_tau_est"] for p in points] + ([r["tau"] for r in refs] if cfg.fit_reference_points else [])
+    ses = [p["val_tau_se"] for p in points]
+    fit = fit_scaling(xs, ys, cap=k + 1.0, sigma_floor=float(np.median(ses)) if ses else 0.0,
+                      draws=cfg.bootstrap_draws, seed=tcfg.seed)
+    largest = max(points, key=lambda p: p["train_tokens"]) if points else None
+    target = cfg.target_tau or round((largest["val_tau_est"] if largest else max(ys, default=2.0)) + 0.2, 2)
+    epochs = cfg.epochs or tcfg.epochs
+    need, cost = _target_cost(ctx, fit, target, epochs)
+    tokens_per_sample = (largest["train_tokens"] / largest["train_samples"]) if largest else \
+        (refs[0]["tokens_per_sample"] if refs else 1.0)
+    text = explain(fit, target, ctx.profile.section("cost_projection").avg_tokens_per_sample, cap=k + 1.0)
+    if fit.curve is None:
+        text += (" It needs at least three data sizes: train on nested fractions of the data (data_scaling.fractions,"
+                 " e.g. [0.25, 0.5, 1.0]); with schedule: steps each fraction below 1 costs up to one more full "
+                 "training run (train.patience stops the small ones sooner), with schedule: epochs its share of one.")
+    curve = None
+    if fit.curve is not None:
+        grid = np.geomspace(min(xs) / 2, max(xs) * 8, 60)
+        lo, hi = fit.band(grid)
+        curve = {"c": fit.curve.c, "t50": fit.curve.t50, "b": fit.curve.b, "sigma": fit.sigma,
+                 "grid_tokens": grid.tolist(), "tau": fit.curve.tau(grid).tolist(), "band_lo": lo.tolist(),
+                 "band_hi": hi.tolist(), "ceiling_lo": float(np.percentile([d.c for d in fit.draws], 10)),
+                 "ceiling_hi": float(np.percentile([d.c for d in fit.draws], 90))}
+    result = {"points": points, "reference_points": refs, "curve": curve, "no_curve_reason": fit.reason,
+              "target": need, "explanation": text, "ttt_steps": k, "epochs": epochs,
+              "run_tokens_per_sample": tokens_per_sample}
+    outputs = {"fit": "fit.json"}
+    write_json_atomic(ctx.dir / "fit.json", result)
+    if cost is not None:
+        write_text_atomic(ctx.dir / "cost_for_target.csv", cost.write_csv())
+        outputs["cost_for_target"] = "cost_for_target.csv"
+        result["cost"] = cost
+    figures: dict[str, Any] = {  # the run index shows the first ones
+        "ceiling_tau": curve["c"] if curve else None, "target_tau": target, "samples_needed": need["samples"],
+        "tokens_needed": need["tokens"], "target_above_ceiling": need.get("above_ceiling"),
+        "target_unreachable_frac": need["unreachable_frac"],
+        "points": len(points), "points_trained_here": sum(not p["reused"] for p in points),
+        "largest_still_improving": largest["still_improving"] if largest else None,
+        "ceiling_tau_lo": curve["ceiling_lo"] if curve else None, "ceiling_tau_hi": curve["ceiling_hi"] if curve else None,
+        "reference_points": len(refs), "wall_s": round(time.time() - t0, 1)}
+    for p in points:
+        figures[f"val_tau_est_{p['fraction']:g}"] = p["val_tau_est"]
+        if p["tau_vllm_greedy"] is not None:
+            figures[f"tau_vllm_greedy_{p['fraction']:g}"] = p["tau_vllm_greedy"]
+    timer.finish(figures, outputs)
+    return result
