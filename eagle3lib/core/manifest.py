@@ -46,6 +46,14 @@ def update_manifest(stage_dir: str | Path, **fields: Any) -> dict[str, Any]:
     return m
 
 
+def clear_results(stage_dir: str | Path) -> None:
+    """Drop the figures and outputs of an earlier run of a stage whose figure names depend on its parameters (one per
+    data-scaling fraction), so a rerun with others leaves no stale ones in the merge."""
+    m = read_manifest(stage_dir)
+    if m is not None:
+        write_json_atomic(Path(stage_dir) / MANIFEST, {k: v for k, v in m.items() if k not in ("figures", "outputs")})
+
+
 class StageTimer:
     """Marks a stage running on entry and complete (with wall time) on `finish`; failures are marked by the runner."""
 

@@ -24,7 +24,7 @@ import numpy as np
 from eagle3lib.analysis.scaling import ScalingFit, explain, fit_scaling, tau_standard_error
 from eagle3lib.config.stages import open_stage
 from eagle3lib.core.atomic import write_json_atomic, write_text_atomic
-from eagle3lib.core.manifest import StageTimer, now_iso, read_manifest, update_manifest
+from eagle3lib.core.manifest import StageTimer, clear_results, now_iso, read_manifest, update_manifest
 from eagle3lib.training.launch import launch
 from eagle3lib.training.metrics import read_metrics
 
@@ -140,6 +140,7 @@ def _target_cost(ctx, fit: ScalingFit, target: float, epochs: float) -> tuple[di
 
 def run(ctx, echo=print) -> dict[str, Any]:
     """The stage: returns fit.json's content; writes fit.json, cost_for_target.csv and the manifest."""
+    clear_results(ctx.dir)
     timer = StageTimer(ctx.dir, ctx.manifest_params())
     try:
         return _run(ctx, timer, echo)
