@@ -17,7 +17,8 @@ import sys
 import time
 from pathlib import Path
 
-STAGES = ("verifier", "generate", "extract", "train", "evaluate", "learning_curves", "cost_projection")
+STAGES = ("verifier", "generate", "extract", "train", "evaluate", "data_scaling", "learning_curves", "cost_projection",
+          "compare_runs")
 PARTS = {  # figures that split a stage's time, when its manifest has them
     "verifier": ("resolve_seconds", "server_start_s"),
     "generate": ("server_start_s", "wall_s"),
