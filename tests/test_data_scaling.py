@@ -39,8 +39,11 @@ def run(tiny_verifier, tmp_path_factory):
 
 
 def test_fractions_nested_on_one_held_out_split_and_the_full_point_is_the_train_stage(run):
-    res = data_scaling.run(open_stage("data_scaling", "tiny", run, {**TRAIN, **SCALING}), echo=lambda _l: None)
+    lines: list[str] = []
+    res = data_scaling.run(open_stage("data_scaling", "tiny", run, {**TRAIN, **SCALING}), echo=lines.append)
     pts = res["points"]
+    # the console (and so the report) says how each fraction ended, not each of its steps
+    assert sum("] done:" in line for line in lines) == 2 and not any("[val]" in line for line in lines), lines
     assert [p["fraction"] for p in pts] == [0.25, 0.5, 1.0]
     assert [p["train_samples"] for p in pts] == [72, 143, 285]
     assert pts[0]["train_tokens"] < pts[1]["train_tokens"] < pts[2]["train_tokens"]

@@ -73,7 +73,14 @@ def train_point(ctx, fraction: float, echo=print) -> tuple[Path, dict[str, Any],
         shutil.rmtree(out)
         out.mkdir(parents=True)
     echo(f"data_scaling: training on {fraction:g} of the training split ({out.relative_to(ctx.run_dir)}/)")
-    return out, launch(tctx, echo=echo), False
+    return out, launch(tctx, echo=_outcome_lines(echo)), False
+
+
+def _outcome_lines(echo):
+    """A fraction's console: how its training ended, not every step (the report stays readable; the step lines are
+    in the fraction's metrics.jsonl)."""
+    keep = ("] done:", "best validation", "train.patience", "rror", "resuming from")
+    return lambda line: echo(line) if any(k in line for k in keep) else None
 
 
 def _point(ctx, fraction: float, train_dir: Path, m: dict[str, Any], reused: bool, k: int) -> dict[str, Any]:
