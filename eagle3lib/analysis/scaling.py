@@ -75,7 +75,8 @@ class ScalingFit:
     tokens: list[float]  # the points fitted
     tau: list[float]
     sigma: float  # the noise the band assumes (tau units)
-    draws: list[Curve] = field(default_factory=list)  # the bootstrap refits
+    draws: list[Curve] = field(default_factory=list)  # the bootstrap refits (the curve alone when the points fit
+    # exactly and the measurement has no error); empty exactly when there is no curve
     reason: str = ""  # why there is no curve
 
     def band(self, tokens: np.ndarray, lo: float = 10, hi: float = 90) -> tuple[np.ndarray, np.ndarray]:
@@ -83,12 +84,17 @@ class ScalingFit:
         ys = np.stack([d.tau(tokens) for d in self.draws])
         return np.percentile(ys, lo, axis=0), np.percentile(ys, hi, axis=0)
 
+    def ceiling_range(self, lo: float = 10, hi: float = 90) -> tuple[float, float]:
+        """The lo..hi percentile of the refits' ceilings."""
+        c_lo, c_hi = np.percentile([d.c for d in self.draws], [lo, hi])
+        return float(c_lo), float(c_hi)
+
     def needed(self, target: float) -> dict[str, float | None]:
         """Training tokens for `target`: the fit's value, the 10th..90th percentile of the refits, and the share of
         refits in which the target is above the ceiling (then no amount of data reaches it)."""
         if self.curve is None:
             return {"tokens": None, "tokens_lo": None, "tokens_hi": None, "unreachable_frac": None}
-        ts = np.array([d.tokens_for(target) for d in self.draws]) if self.draws else np.array([self.curve.tokens_for(target)])
+        ts = np.array([d.tokens_for(target) for d in self.draws])
         lo, hi = np.percentile(ts, [10, 90], method="nearest")  # nearest: no inf - inf between refits
         return {"tokens": self.curve.tokens_for(target), "tokens_lo": float(lo), "tokens_hi": float(hi),
                 "unreachable_frac": float(np.mean(~np.isfinite(ts)))}
@@ -130,7 +136,7 @@ def explain(fit: ScalingFit, target: float, tokens_per_sample: float, cap: float
     if fit.curve is None:
         return f"No curve: {fit.reason}."
     cv = fit.curve
-    c_lo, c_hi = np.percentile([d.c for d in fit.draws], [10, 90]) if fit.draws else (cv.c, cv.c)
+    c_lo, c_hi = fit.ceiling_range()
     if cap is not None and cv.c >= cap - 1e-9:
         s = (f"The points are still rising steeply: the fit runs into the most any drafter can reach (K + 1 = "
              f"{cap:g} tokens per step), so these points do not say where acceptance levels off.")

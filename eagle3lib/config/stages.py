@@ -28,7 +28,7 @@ class Stage:
     # run_dir finds a run to work on
     make: str = ""  # the command that makes that input, for the message when no run has it
     default: bool = True  # in a run without --stages; False: a stage that costs more than a first run should pay
-    # (data_scaling trains the drafter three more times), run by naming it (`make scaling`)
+    # (data_scaling trains the drafter once more per fraction), run by naming it (`make scaling`)
 
 
 STAGES: tuple[Stage, ...] = (

@@ -29,9 +29,7 @@ def resolve_checkpoint(cfg, train_dir: Path) -> tuple[Path, dict[str, Any] | Non
     complete = bool(train_m and train_m.get("status") == "complete" and outs.get("checkpoint"))
     final_ckpt = (train_dir / outs["checkpoint"]).resolve() if complete else None
     f = (train_m or {}).get("figures") or {}
-    use_best = complete and cfg.checkpoint in (None, "best") and outs.get("best") and f.get("best_step") not in (
-        None, f.get("steps"))
-    if use_best:
+    if complete and cfg.checkpoint in (None, "best") and best_is_chosen(train_m):
         ckpt = (train_dir / outs["best"]).resolve()
         train_m = {**train_m, "figures": best_figures(f)}
         notes.append(f"evaluating train/best/: the best validation (step {f['best_step']} of {f['steps']}, val_tau_est "
@@ -50,6 +48,13 @@ def resolve_checkpoint(cfg, train_dir: Path) -> tuple[Path, dict[str, Any] | Non
     if not (ckpt / "config.json").exists():
         raise EvaluateError(f"{ckpt}: no config.json (evaluate.checkpoint must be a drafter checkpoint folder)")
     return ckpt, train_m, notes
+
+
+def best_is_chosen(train_m: dict[str, Any]) -> bool:
+    """Whether a finished train run's drafter to measure is best/ rather than final/: it wrote one, and its best
+    validation is not the last step (then the two are the same weights)."""
+    f = train_m.get("figures") or {}
+    return bool((train_m.get("outputs") or {}).get("best")) and f.get("best_step") not in (None, f.get("steps"))
 
 
 def best_figures(f: dict[str, Any]) -> dict[str, Any]:

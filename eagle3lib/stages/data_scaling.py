@@ -25,6 +25,7 @@ from eagle3lib.analysis.scaling import ScalingFit, explain, fit_scaling, tau_sta
 from eagle3lib.config.stages import open_stage
 from eagle3lib.core.atomic import write_json_atomic, write_text_atomic
 from eagle3lib.core.manifest import StageTimer, clear_results, now_iso, read_manifest, update_manifest
+from eagle3lib.evaluation.inputs import best_is_chosen
 from eagle3lib.training.launch import launch
 from eagle3lib.training.metrics import read_metrics
 
@@ -56,6 +57,11 @@ def _done(train_dir: Path, params: dict[str, Any], ignore: frozenset[str] = froz
     return m if ok and _recipe(m.get("params"), ignore) == _recipe(params, ignore) else None
 
 
+def point_dir(ctx, fraction: float) -> Path:
+    """RUN_DIR/data_scaling/fraction-<f>/: a fraction's own train run, and its vLLM measurement."""
+    return ctx.dir / f"fraction-{fraction:g}"
+
+
 def train_point(ctx, fraction: float, echo=print) -> tuple[Path, dict[str, Any], bool]:
     """(train folder, its manifest, reused) of one fraction: the train stage's own run for 1.0 when it ran with the
     same settings, a finished point from an earlier run of this stage, or a new (or resumed) training run."""
@@ -64,7 +70,7 @@ def train_point(ctx, fraction: float, echo=print) -> tuple[Path, dict[str, Any],
     # patience only ends a run sooner: the train stage's full-length run scored every validation a patient one would
     if fraction == 1.0 and (m := _done(ctx.stage_dir("train"), own.manifest_params(), frozenset({"patience"}))):
         return ctx.stage_dir("train"), m, True
-    out = ctx.dir / f"fraction-{fraction:g}"
+    out = point_dir(ctx, fraction)
     tctx = open_stage("train", ctx.profile.path, ctx.run_dir, over, say=lambda _m: None, out_dir=out)
     if m := _done(out, tctx.manifest_params()):
         return out, m, True
@@ -88,7 +94,7 @@ def _point(ctx, fraction: float, train_dir: Path, m: dict[str, Any], reused: boo
     best_step = f.get("best_step")
     vals = [r for r in read_metrics(train_dir / "metrics.jsonl") if r.get("kind") == "val"]
     best_rec = next((r for r in vals if r["step"] == best_step), vals[-1] if vals else {})
-    ckpt = train_dir / (outs.get("best") if outs.get("best") and best_step != f.get("steps") else outs["checkpoint"])
+    ckpt = train_dir / (outs["best"] if best_is_chosen(m) else outs["checkpoint"])  # the drafter evaluate measures
     return {"fraction": fraction, "dir": str(train_dir.relative_to(ctx.run_dir)),
             "checkpoint": str(ckpt.relative_to(ctx.run_dir)), "reused": reused,
             "train_samples": f["train_samples"], "train_tokens": f.get("train_tokens") or f["tokens_seen"] / f["epochs"],
@@ -110,7 +116,7 @@ def _vllm_tau(ctx, point: dict[str, Any], k: int) -> tuple[float | None, str]:
         if Path(ev["outputs"]["checkpoint"]).resolve() == ckpt and (ev.get("figures") or {}).get("tau_vllm_greedy"):
             return ev["figures"]["tau_vllm_greedy"], "evaluate stage"
     ecfg, vcfg = ctx.profile.section("evaluate"), ctx.verifier
-    pdir = ctx.dir / f"fraction-{point['fraction']:g}"
+    pdir = point_dir(ctx, point["fraction"])
     key = {"ckpt": fingerprint(ckpt), "k": k, "prompts": ecfg.prompts, "n_prompts": ecfg.n_prompts, "seed": ecfg.seed,
            "max_tokens": ecfg.max_tokens, "dtype": vcfg.dtype, "server_args": [*vcfg.extra_server_args, *ecfg.server_args]}
     res = load_phase(pdir, "vllm_greedy", key)
@@ -192,8 +198,7 @@ def _run(ctx, timer: StageTimer, echo) -> dict[str, Any]:
         lo, hi = fit.band(grid)
         curve = {"c": fit.curve.c, "t50": fit.curve.t50, "b": fit.curve.b, "sigma": fit.sigma,
                  "grid_tokens": grid.tolist(), "tau": fit.curve.tau(grid).tolist(), "band_lo": lo.tolist(),
-                 "band_hi": hi.tolist(), "ceiling_lo": float(np.percentile([d.c for d in fit.draws], 10)),
-                 "ceiling_hi": float(np.percentile([d.c for d in fit.draws], 90))}
+                 "band_hi": hi.tolist(), **dict(zip(("ceiling_lo", "ceiling_hi"), fit.ceiling_range(), strict=True))}
     result = {"points": points, "reference_points": refs, "curve": curve, "no_curve_reason": fit.reason,
               "target": need, "explanation": text, "ttt_steps": k, "epochs": epochs,
               "run_tokens_per_sample": tokens_per_sample}
