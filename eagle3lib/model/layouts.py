@@ -9,6 +9,13 @@
                (which renames `midlayer.` to `layers.0.`).
 The numbers are the same in both; converting is renaming keys and rewriting config.json, so a round trip through the
 other layout gives back the same bytes. A folder's layout is read from its config.json, never guessed from its name.
+
+An MLA drafter layer (drafter_layer "mla") exists in the EAGLE layout only: config.json is a `deepseek_v2` config
+(architectures [DeepseekV2ForCausalLM], the MLA dimensions, `eagle_config`, draft_vocab_size), which vLLM loads as
+`Eagle3DeepseekV2ForCausalLM`; its tensors are midlayer.self_attn.{q_a_proj, q_a_layernorm, q_b_proj (or q_proj),
+kv_a_proj_with_mqa, kv_a_layernorm, kv_b_proj, o_proj}, midlayer.mlp.*, the norms, fc, norm, lm_head, d2t. Not
+`deepseek_v3`: vLLM rewrites a deepseek_v3 draft config into a DeepSeek MTP model. The speculators format has no MLA
+layer type.
 """
 
 from __future__ import annotations
@@ -19,6 +26,13 @@ from eagle3lib.model.drafter import DrafterConfig
 
 LAYOUTS = ("speculators", "eagle")
 EAGLE_ARCH = "LlamaForCausalLMEagle3"
+MLA_ARCH = "DeepseekV2ForCausalLM"  # vLLM prefixes Eagle3: Eagle3DeepseekV2ForCausalLM
+MLA_MODEL_TYPE = "deepseek_v2"
+
+
+def default_layout(cfg: DrafterConfig) -> str:
+    """The layout a drafter is written in when none is asked for: speculators (llama) or eagle (mla, its only one)."""
+    return "eagle" if cfg.drafter_layer == "mla" else "speculators"
 EAGLE_LAYER = "midlayer."  # the EAGLE layout's name for the one decoder layer
 
 
@@ -37,9 +51,10 @@ def eagle_config(cfg: DrafterConfig) -> dict[str, Any]:
     (the TTT steps trained, the verifier) so a round trip loses nothing; other readers ignore it."""
     if cfg.num_layers != 1:
         raise ValueError(f"the EAGLE layout holds one decoder layer (midlayer); this drafter has {cfg.num_layers}")
+    mla = cfg.drafter_layer == "mla"
     return {
-        "architectures": [EAGLE_ARCH],
-        "model_type": "llama",
+        "architectures": [MLA_ARCH if mla else EAGLE_ARCH],
+        "model_type": MLA_MODEL_TYPE if mla else "llama",
         "hidden_size": cfg.hidden_size,
         "intermediate_size": cfg.intermediate_size,
         "num_attention_heads": cfg.num_attention_heads,
@@ -64,6 +79,8 @@ def eagle_config(cfg: DrafterConfig) -> dict[str, Any]:
         "fc_norm": cfg.fc_norm,
         "norm_output": cfg.norm_output,
         "eagle3lib": {"ttt_steps": cfg.ttt_steps, "verifier": cfg.verifier},
+        **({"q_lora_rank": cfg.q_lora_rank, "kv_lora_rank": cfg.kv_lora_rank, "qk_nope_head_dim": cfg.qk_nope_head_dim,
+            "qk_rope_head_dim": cfg.qk_rope_head_dim, "v_head_dim": cfg.v_head_dim} if mla else {}),
     }
 
 
@@ -91,8 +108,16 @@ def from_llama_fields(t: dict[str, Any], **drafter: Any) -> DrafterConfig:
 def config_from_eagle(d: dict[str, Any]) -> DrafterConfig:
     """DrafterConfig from an EAGLE-layout config.json (ours or a published drafter's). Keys the layout does not have
     take the values vLLM assumes (norm_before_residual false, 3 drafted tokens)."""
-    if d.get("model_type", "llama") != "llama":
-        raise ValueError(f"drafter layer type {d.get('model_type')!r}: only llama drafter layers are supported here")
+    model_type = d.get("model_type", "llama")
+    if model_type == "deepseek_v3":
+        raise ValueError("drafter layer type 'deepseek_v3': vLLM rewrites a deepseek_v3 draft config into a DeepSeek "
+                         "MTP model; an MLA EAGLE-3 drafter's config.json says model_type 'deepseek_v2'")
+    if model_type not in ("llama", MLA_MODEL_TYPE):
+        raise ValueError(f"drafter layer type {model_type!r}: supported are llama and {MLA_MODEL_TYPE} (MLA)")
+    mla = {}
+    if model_type == MLA_MODEL_TYPE:
+        mla = {"drafter_layer": "mla", "q_lora_rank": int(d["q_lora_rank"]) if d.get("q_lora_rank") else None,
+               **{k: int(d[k]) for k in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")}}
     ec = d.get("eagle_config") or {}
     ours = d.get("eagle3lib") or {}
     ids = ec.get("eagle_aux_hidden_state_layer_ids") or d.get("eagle_aux_hidden_state_layer_ids")
@@ -108,6 +133,7 @@ def config_from_eagle(d: dict[str, Any]) -> DrafterConfig:
         fc_norm=bool(d.get("fc_norm", False)),
         ttt_steps=int(ours.get("ttt_steps", 3)),
         verifier=str(ours.get("verifier", "")),
+        **mla,
     )
 
 

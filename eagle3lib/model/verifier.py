@@ -16,17 +16,31 @@ from typing import Any
 import torch
 
 BUILTIN_TINY = "builtin:tiny"
+BUILTINS = {  # verifier.model -> what it is (the names the stage reports show)
+    BUILTIN_TINY: "eagle3lib tiny (built)",
+    "builtin:tiny-kimi": "eagle3lib tiny-kimi (built; DeepSeek-V3 MLA + MoE)",
+    "builtin:tiny-kimi-k25": "eagle3lib tiny-kimi in the Kimi-K2.5 wrapper (built)",
+}
 
 
 def resolve_model(model: str) -> str:
-    """`builtin:tiny` -> the cached tiny verifier (built on first use); anything else is an HF id or a local dir."""
-    if model == BUILTIN_TINY:
-        from eagle3lib.tiny.build import tiny_verifier_path
+    """`builtin:tiny`, `builtin:tiny-kimi` (its Kimi-K2.5 wrapper form: `builtin:tiny-kimi-k25`) -> the cached tiny
+    verifier (built on first use); anything else is an HF id or a local dir."""
+    if model in BUILTINS:
+        from eagle3lib.tiny.build import tiny_kimi_k25_path, tiny_verifier_path
+        from eagle3lib.tiny.kimi import TinyKimiRecipe
 
-        return str(tiny_verifier_path())
+        if model == BUILTIN_TINY:
+            return str(tiny_verifier_path())
+        return str(tiny_verifier_path(TinyKimiRecipe()) if model == "builtin:tiny-kimi" else tiny_kimi_k25_path())
     if model.startswith("builtin:"):
-        raise ValueError(f"verifier.model: unknown builtin '{model}' (known: {BUILTIN_TINY})")
+        raise ValueError(f"verifier.model: unknown builtin '{model}' (known: {', '.join(BUILTINS)})")
     return model
+
+
+def describe_model(model: str) -> str:
+    """verifier.model as a report shows it."""
+    return BUILTINS.get(model, model)
 
 
 def default_aux_layers(num_layers: int) -> list[int]:
@@ -37,13 +51,18 @@ def default_aux_layers(num_layers: int) -> list[int]:
 def aux_layer_ids(requested: list[int] | None, num_layers: int) -> list[int]:
     """Validated feature-layer ids. vLLM's llama drafter sizes fc for exactly three, so three it is."""
     ids = list(requested) if requested is not None else default_aux_layers(num_layers)
+    fix = (f"; id k is the hidden state entering decoder layer k (HF hidden_states[k]), the final state (id {num_layers}) "
+           "is stored anyway and is no feature. Set verifier.aux_layer_ids to 3 distinct ids in "
+           f"0..{num_layers - 1}, or leave it unset for the default {default_aux_layers(num_layers)}")
     if len(ids) != 3:
         raise ValueError(f"verifier.aux_layer_ids: EAGLE-3 drafters served by vLLM take exactly 3 layers, got {ids}")
     bad = [i for i in ids if not 0 <= i < num_layers]
     if bad:
-        raise ValueError(f"verifier.aux_layer_ids: {bad} out of range for a verifier with {num_layers} layers (0..{num_layers - 1})")
+        raise ValueError(f"verifier.aux_layer_ids: {bad} out of range for a verifier with {num_layers} layers "
+                         f"(0..{num_layers - 1}){fix}")
     if len(set(ids)) != 3:
-        raise ValueError(f"verifier.aux_layer_ids: {ids} are not distinct (a verifier with {num_layers} layers is too shallow?)")
+        raise ValueError(f"verifier.aux_layer_ids: {ids} are not distinct (a verifier with {num_layers} layers is too "
+                         f"shallow?){fix}")
     return ids
 
 
@@ -67,14 +86,17 @@ def load_tokenizer(model: str, trust_remote_code: bool = False) -> Any:
 
 
 def load_hf_model(model: str, dtype: str = "float32", device_map: Any = None, trust_remote_code: bool = False) -> Any:
-    """HF causal LM in eval mode, weights read with safetensors (never unpickled)."""
-    from transformers import AutoModelForCausalLM
+    """HF causal LM in eval mode, weights read with safetensors (never unpickled). A multimodal wrapper around a causal
+    LM (Kimi-K2.5: Kimi_K25ForConditionalGeneration, which AutoModelForCausalLM does not map) loads as an image-text
+    model; its language model is what the hooks and the logits use."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
 
     try:
-        m = AutoModelForCausalLM.from_pretrained(
-            model, dtype=getattr(torch, dtype), device_map=device_map, trust_remote_code=trust_remote_code,
-            use_safetensors=True,
-        )
+        cfg = AutoConfig.from_pretrained(model, trust_remote_code=trust_remote_code)
+        wrapper = getattr(cfg, "text_config", None) is not None and not getattr(cfg, "auto_map", None)
+        auto = AutoModelForImageTextToText if wrapper else AutoModelForCausalLM
+        m = auto.from_pretrained(model, dtype=getattr(torch, dtype), device_map=device_map,
+                                 trust_remote_code=trust_remote_code, use_safetensors=True)
     except Exception as e:
         raise ValueError(f"verifier.model: cannot load '{model}' with transformers: {e}") from e
     return m.eval()

@@ -26,6 +26,7 @@ from eagle3lib.core.paths import NOTEBOOKS_DIR, REPO_ROOT
 from eagle3lib.core.progress import HEADLESS_ENV
 from eagle3lib.pipeline.index import write_index
 from eagle3lib.pipeline.kernel import ipc_kernel_manager
+from eagle3lib.pipeline.preflight import preflight
 
 
 class StageFailed(RuntimeError):
@@ -258,9 +259,11 @@ def run_pipeline(
     # Validate every section before anything runs: a typo fails in a second, not after an hour of generation.
     prof = load_profile(profile, overrides)
     profile_arg = str(prof.path)
+    will_run = [s.name for s in selected if _will_run(s, run_dir, force)]
+    preflight(prof, will_run)  # against the verifier's own config, before any server starts or folder is made
     check_run_dir(run_dir)
     _say(f"profile {prof.name} ({prof.path}) -> {run_dir}; stages: {', '.join(s.name for s in selected)}")
-    shared = _SharedServer(prof, run_dir, [s.name for s in selected if _will_run(s, run_dir, force)])
+    shared = _SharedServer(prof, run_dir, will_run)
     record: dict[str, Any] = {"profile": prof.name, "started_at": now_iso(), "stages": {}, "status": "running"}
     t_run = time.time()
     try:

@@ -80,7 +80,7 @@ def _run(ctx, cfg, vcfg, timer) -> dict[str, Any]:
     vconf = load_config(model_path, vcfg.trust_remote_code)
     try:
         dcfg = read_config(ckpt)
-        check_drafter(ckpt, dcfg, vconf, model_path)  # trained for this verifier?
+        check_drafter(ckpt, dcfg, vconf, model_path, has_cuda())  # trained for this verifier, servable here?
         check_servable(ckpt)  # and loadable by vLLM, before any server starts
     except CheckpointError as e:
         raise EvaluateError(str(e)) from None

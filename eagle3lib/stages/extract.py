@@ -25,9 +25,15 @@ import torch
 from eagle3lib.core.manifest import StageTimer, read_manifest
 from eagle3lib.data.chat_tokens import ChatTokenizer, Tokenized, TokenizeStats
 from eagle3lib.data.datasets import Conversation, DatasetError, load_conversations
-from eagle3lib.data.hidden_store import HiddenSample, HiddenStateWriter, bytes_per_token
+from eagle3lib.data.hidden_store import (
+    HiddenSample,
+    HiddenStateWriter,
+    bytes_per_token,
+    dequantize_fp8,
+    quantize_fp8,
+)
 from eagle3lib.data.records import ReadStats, iter_generated
-from eagle3lib.model.verifier import BUILTIN_TINY, load_tokenizer, resolve_model, verifier_facts
+from eagle3lib.model.verifier import describe_model, load_tokenizer, resolve_model, verifier_facts
 
 GIB = 1024**3
 
@@ -172,7 +178,7 @@ def extract(cfg: Any, vcfg: Any, out_dir: str | Path, gen_dir: str | Path | None
     tot = writer.totals()
     this_tokens = writer.written_tokens
     figures = {
-        "verifier": vcfg.model if vcfg.model != BUILTIN_TINY else "eagle3lib tiny (built)",
+        "verifier": describe_model(vcfg.model),
         "aux_layer_ids": aux,
         "num_layers": L,
         "hidden_size": H,
@@ -219,6 +225,40 @@ def extract(cfg: Any, vcfg: Any, out_dir: str | Path, gen_dir: str | Path | None
     return {"figures": figures, "outputs": outputs, "out_dir": out_dir}
 
 
+CHECK_TOKENS = 512  # per checked sample: the reference logits are [tokens, vocab] fp32 (163,840 wide for Kimi)
+
+
+def as_stored(x: torch.Tensor, dtype: str) -> torch.Tensor:
+    """x as the store gives it back: rounded to bf16, or fp8 with per-token scales."""
+    if dtype == "float8_e4m3fn":
+        return dequantize_fp8(*quantize_fp8(x), dtype=torch.float32)
+    return x.to(torch.bfloat16).float()
+
+
+def check_final_state(backend: Any, samples: list[Tokenized], model_path: str, vcfg: Any, name: str,
+                      store_dtype: str = "bfloat16") -> dict[str, Any]:
+    """The first samples' final states, as the store keeps them, against the verifier's own logits
+    (eagle3lib/model/final_check.py); raises ExtractError before anything else is extracted when they disagree."""
+    from dataclasses import replace
+
+    from eagle3lib.model.final_check import compare, failure_message
+    from eagle3lib.model.verifier import load_verifier_head
+
+    t0 = time.time()
+    cut = [replace(s, input_ids=s.input_ids[:CHECK_TOKENS], loss_mask=s.loss_mask[:CHECK_TOKENS]) for s in samples]
+    head = load_verifier_head(model_path, vcfg.trust_remote_code)
+    finals = [as_stored(f, store_dtype) for _, _, f in backend.extract(cut)]
+    refs = [backend.reference(s) for s in cut]
+    ids = [torch.from_numpy(s.input_ids.astype("int64")) for s in cut]
+    result = compare(head, finals, ids, refs)
+    if not result.ok:
+        raise ExtractError(failure_message(result, name))
+    _say(f"final-state check: the stored final states reproduce the verifier's logits ({result.positions} positions of "
+         f"{result.samples} samples: top-1 agrees on {result.top1_agreement:.1%}, mean |log-prob difference| "
+         f"{result.mean_abs_logprob_diff:.4f})")
+    return {**result.figures(), "seconds": round(time.time() - t0, 2)}
+
+
 def _extract(cfg, vcfg, model_path, facts, out_dir, todo, todo_tokens, writer, hf_model, extractor) -> dict[str, Any]:
     from eagle3lib.core.progress import progress_bar
 
@@ -227,6 +267,12 @@ def _extract(cfg, vcfg, model_path, facts, out_dir, todo, todo_tokens, writer, h
                file=sys.stderr)
     extra: dict[str, Any] = {}
     old_threads = torch.get_num_threads()
+
+    def checked(backend, name: str):
+        if cfg.final_state_check and hasattr(backend, "reference"):
+            result = check_final_state(backend, todo[: cfg.final_state_check], model_path, vcfg, name, cfg.dtype)
+            extra.update({f"final_state_{k}": v for k, v in result.items()})
+        return backend.extract(todo)
 
     def consume(results) -> None:
         t0 = time.time()
@@ -243,7 +289,7 @@ def _extract(cfg, vcfg, model_path, facts, out_dir, todo, todo_tokens, writer, h
 
     try:
         if extractor is not None:
-            consume(extractor.extract(todo))
+            consume(checked(extractor, cfg.backend))
         elif cfg.backend == "hf":
             from eagle3lib.model.hf_extract import HFExtractor
 
@@ -257,7 +303,7 @@ def _extract(cfg, vcfg, model_path, facts, out_dir, todo, todo_tokens, writer, h
             extra["model_load_s"] = round(time.time() - t0, 2)
             extra["device"] = str(ex.input_device)
             try:
-                consume(ex.extract(todo))
+                consume(checked(ex, "hf"))
             finally:
                 ex.close()
         else:
@@ -268,7 +314,7 @@ def _extract(cfg, vcfg, model_path, facts, out_dir, todo, todo_tokens, writer, h
                                extra_args=cfg.vllm_args, max_position_embeddings=facts["max_position_embeddings"])
             with ex:
                 extra["server_start_s"] = round(ex.start_s, 1)
-                consume(ex.extract(todo))
+                consume(checked(ex, "vllm"))
     finally:
         bar.close()
         torch.set_num_threads(old_threads)

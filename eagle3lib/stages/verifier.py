@@ -13,7 +13,8 @@ from typing import Any
 
 from eagle3lib.core.manifest import StageTimer
 from eagle3lib.core.paths import ASSETS_DIR
-from eagle3lib.model.verifier import BUILTIN_TINY, aux_layer_ids, load_config, resolve_model
+from eagle3lib.model.drafter_shape import verifier_is_mla
+from eagle3lib.model.verifier import aux_layer_ids, describe_model, load_config, resolve_model
 from eagle3lib.vllm.client import chat_once
 from eagle3lib.vllm.server import verifier_endpoint_for_stage
 
@@ -28,7 +29,16 @@ def describe(model_path: str, verifier_cfg) -> dict[str, Any]:
         "hidden_size": c.hidden_size,
         "vocab_size": c.vocab_size,
         "aux_layer_ids": aux_layer_ids(verifier_cfg.aux_layer_ids, c.num_hidden_layers),
+        "attention": "MLA (latent)" if verifier_is_mla(c) else "standard",
     }
+    if verifier_is_mla(c):
+        out.update({k: getattr(c, k, None) for k in ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim",
+                                                     "v_head_dim")})
+    if getattr(c, "n_routed_experts", None):
+        out.update({"routed_experts": c.n_routed_experts, "experts_per_token": c.num_experts_per_tok,
+                    "shared_experts": getattr(c, "n_shared_experts", None),
+                    "first_dense_layers": getattr(c, "first_k_dense_replace", None),
+                    "router": f"{getattr(c, 'scoring_func', 'softmax')}, {getattr(c, 'topk_method', 'greedy')}"})
     report = Path(model_path) / "build_report.json"
     if report.exists():  # the tiny verifier records what its build measured
         b = json.loads(report.read_text())
@@ -55,7 +65,7 @@ def run(ctx) -> dict[str, Any]:
     timer = StageTimer(ctx.dir, ctx.manifest_params())
     t0 = time.time()
     model_path = resolve_model(vcfg.model)
-    figures: dict[str, Any] = {"model": vcfg.model if vcfg.model != BUILTIN_TINY else "eagle3lib tiny (built)",
+    figures: dict[str, Any] = {"model": describe_model(vcfg.model),
                                "resolve_seconds": round(time.time() - t0, 1), **describe(model_path, vcfg)}
     answers: list[dict] = []
     if cfg.serve and cfg.n_prompts > 0:

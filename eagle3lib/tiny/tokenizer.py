@@ -1,9 +1,7 @@
-"""The tiny verifier's byte-level BPE tokenizer and its Qwen3-style chat template.
+"""The tiny verifiers' byte-level BPE tokenizer, saved with a chat format (eagle3lib/tiny/chat_format.py).
 
-The template follows Qwen3's conventions so that vLLM's `qwen3` reasoning parser works unchanged: assistant turns are
-`<|im_start|>assistant\\n<think>\\n{reasoning}\\n</think>\\n\\n{content}<|im_end|>`, and `enable_thinking=False` pre-fills an
-empty think block. Assistant turns are wrapped in `{% generation %}` so `return_assistant_tokens_mask=True` yields the
-loss mask the extract stage needs without string matching.
+Think markers are single tokens (the reasoning parsers match token ids); assistant-mask and end-of-turn conventions
+are the chat format's.
 """
 
 from __future__ import annotations
@@ -13,31 +11,12 @@ from pathlib import Path
 
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 
-SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-THINK = ["<think>", "</think>"]  # added but not special: skip_special_tokens must keep them visible to the parser
+from eagle3lib.tiny.chat_format import QWEN3, THINK, ChatFormat
 
-CHAT_TEMPLATE = (
-    "{%- for message in messages -%}"
-    "{%- if message.role == 'assistant' -%}"
-    "{{- '<|im_start|>assistant\\n' -}}"
-    "{%- set r = message.reasoning_content if message.reasoning_content is defined and message.reasoning_content is not none"
-    " else (message.reasoning if message.reasoning is defined and message.reasoning is not none else '') -%}"
-    "{%- generation -%}"
-    "{{- '<think>\\n' + r + '\\n</think>\\n\\n' + (message.content if message.content is not none else '') + '<|im_end|>' -}}"
-    "{%- endgeneration -%}"
-    "{{- '\\n' -}}"
-    "{%- else -%}"
-    "{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' -}}"
-    "{%- endif -%}"
-    "{%- endfor -%}"
-    "{%- if add_generation_prompt -%}"
-    "{{- '<|im_start|>assistant\\n' -}}"
-    "{%- if enable_thinking is defined and enable_thinking is false -%}{{- '<think>\\n\\n</think>\\n\\n' -}}{%- endif -%}"
-    "{%- endif -%}"
-)
+CHAT_TEMPLATE = QWEN3.template  # the dense tiny verifier's
 
 
-def train_tokenizer(texts: Iterable[str], vocab_size: int) -> Tokenizer:
+def train_tokenizer(texts: Iterable[str], vocab_size: int, fmt: ChatFormat = QWEN3) -> Tokenizer:
     """Byte-level BPE with single-digit pre-splitting, so numbers are spelled digit by digit (learnable arithmetic)."""
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.Sequence(
@@ -46,7 +25,7 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int) -> Tokenizer:
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size - len(THINK),  # the think markers are appended after training
-        special_tokens=SPECIAL,
+        special_tokens=list(fmt.special),
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
@@ -55,17 +34,19 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int) -> Tokenizer:
     return tok
 
 
-def save_hf_tokenizer(tok: Tokenizer, out_dir: Path, model_max_length: int) -> None:
+def save_hf_tokenizer(tok: Tokenizer, out_dir: Path, model_max_length: int, fmt: ChatFormat = QWEN3) -> None:
     """Write tokenizer.json + tokenizer_config.json (with the chat template) that AutoTokenizer and vLLM load."""
     from transformers import PreTrainedTokenizerFast
 
+    extra = {"bos_token": "[BOS]"} if "[BOS]" in fmt.special else {}
     hf = PreTrainedTokenizerFast(
         tokenizer_object=tok,
-        eos_token="<|im_end|>",
-        pad_token="<|endoftext|>",
-        additional_special_tokens=SPECIAL,
+        eos_token=fmt.eos,
+        pad_token=fmt.pad,
+        additional_special_tokens=list(fmt.special),
         model_max_length=model_max_length,
         clean_up_tokenization_spaces=False,
+        **extra,
     )
-    hf.chat_template = CHAT_TEMPLATE
+    hf.chat_template = fmt.template
     hf.save_pretrained(out_dir)

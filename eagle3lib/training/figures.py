@@ -46,6 +46,8 @@ def run_figures(t, last_train: dict[str, Any], last_val: dict[str, Any], best_va
         "val_samples": len(t.split.val),
         "truncated_samples": t.truncated,
         "drafter_parameters": t.n_params,
+        "drafter_layer": t.dcfg.drafter_layer,  # llama or mla (train.drafter_layer resolved)
+        "checkpoint_layout": "eagle" if t.dcfg.drafter_layer == "mla" else "speculators",  # of final/ and best/
         "ttt_steps": t.cfg.ttt_steps,
         "resumed_from_step": int(t.resume_state.get("step", 0)) if t.resume_state else None,
         "init_from": t.cfg.init_from,

@@ -41,7 +41,8 @@ from eagle3lib.model.checkpoint import (
     save_drafter,
 )
 from eagle3lib.model.draft_vocab import DraftVocab, build_draft_vocab, count_loss_tokens
-from eagle3lib.model.drafter import Eagle3Drafter, count_parameters, drafter_config_from, init_from_verifier
+from eagle3lib.model.drafter import Eagle3Drafter, count_parameters, init_from_verifier
+from eagle3lib.model.drafter_shape import drafter_config_from
 from eagle3lib.model.interop import apply_init_source, check_init_source, read_init_source
 from eagle3lib.model.ttt import STAT_KEYS, TTTModel, counted_per_step, summarize
 from eagle3lib.model.verifier import aux_layer_ids, load_config, load_verifier_head, resolve_model
@@ -56,6 +57,7 @@ from eagle3lib.training.setup import (
     TrainingError,
     TrainingInterrupted,
     check_store,
+    drafter_layer_for,
     select_kernels,
     training_device,
 )
@@ -100,6 +102,7 @@ class Trainer:
         self.model_path = resolve_model(vcfg.model)
         self.vconf = load_config(self.model_path, vcfg.trust_remote_code)
         aux_ids = aux_layer_ids(vcfg.aux_layer_ids, self.vconf.num_hidden_layers)
+        self.drafter_layer = drafter_layer_for(cfg, self.vconf)
         store_dir = ctx.stage_dir("extract")
         try:
             self.reader = HiddenStateReader(store_dir)
@@ -125,8 +128,8 @@ class Trainer:
         self.init = read_init_source(cfg.init_from) if cfg.init_from and not resumable else None
         if self.init is not None:  # before any compute: does the drafter fit this verifier and these settings?
             n_draft = min(cfg.draft_vocab_size, int(self.vconf.vocab_size))
-            check_init_source(self.init, drafter_config_from(cfg, self.vconf, aux_ids, n_draft, self.model_path),
-                              cfg.init_draft_vocab)
+            check_init_source(self.init, drafter_config_from(cfg, self.vconf, aux_ids, n_draft, self.model_path,
+                                                             self.drafter_layer), cfg.init_draft_vocab)
         if self.rank == 0 and not (resumable and vocab_path.exists()):
             counts = count_loss_tokens(self.reader, self.split.train, int(self.vconf.vocab_size))
             if int(counts.sum()) == 0:
@@ -145,7 +148,7 @@ class Trainer:
 
     def _model(self, vcfg) -> None:
         cfg, device = self.cfg, self.device
-        self.dcfg = drafter_config_from(cfg, self.vconf, self.aux_ids, self.vocab.size, self.model_path)
+        self.dcfg = drafter_config_from(cfg, self.vconf, self.aux_ids, self.vocab.size, self.model_path, self.drafter_layer)
         drafter = Eagle3Drafter(self.dcfg)
         drafter.set_vocab(self.vocab.draft_ids)
         head = load_verifier_head(self.model_path, vcfg.trust_remote_code)

@@ -41,6 +41,16 @@ def training_device(cfg) -> torch.device:
     return torch.device("cpu")
 
 
+def drafter_layer_for(cfg, verifier_cfg) -> str:
+    """train.drafter_layer resolved for this verifier and machine (eagle3lib/model/drafter_shape.py)."""
+    from eagle3lib.model.drafter_shape import choose_drafter_layer
+
+    try:
+        return choose_drafter_layer(cfg.drafter_layer, verifier_cfg, torch.cuda.is_available())
+    except ValueError as e:
+        raise TrainingError(str(e)) from None
+
+
 def check_store(meta: dict[str, Any], store_dir: Path, verifier_cfg, aux_ids: list[int]) -> None:
     """Hidden states must come from the configured verifier: same hidden size, vocabulary and feature layers."""
     where = store_dir / "store.json"

