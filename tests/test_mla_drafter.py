@@ -138,3 +138,18 @@ def test_mla_dimensions_default_to_the_verifiers():
     assert c.q_lora_rank is None and c.v_head_dim == 16
     with pytest.raises(ValueError, match="train.norm_before_fc"):
         drafter_config_from(TrainConfig(norm_before_fc=True), MLA_VERIFIER, [1, 2, 3], 16, "v", "mla")
+
+
+def test_continuing_an_mla_drafter_compares_its_latent_dimensions(tmp_path):
+    from eagle3lib.model.interop import check_init_source, read_init_source
+
+    d = mla_drafter()
+    src = read_init_source(save_drafter(d.state_dict(), d.config, tmp_path / "published"))
+    assert src.layout == "eagle" and src.cfg.drafter_layer == "mla"
+    check_init_source(src, d.config, "keep")  # the same shape: fits
+    other = DrafterConfig(**{**d.config.to_dict(), "kv_lora_rank": 32})
+    with pytest.raises(CheckpointError, match=r"kv_lora_rank is 24 there but 32 here \(train.kv_lora_rank\)"):
+        check_init_source(src, other, "keep")
+    llama = DrafterConfig(**{**d.config.to_dict(), "drafter_layer": "llama"})
+    with pytest.raises(CheckpointError, match=r"drafter_layer is 'mla' there but 'llama' here \(train.drafter_layer\)"):
+        check_init_source(src, llama, "keep")

@@ -29,13 +29,15 @@ def test_unknown_stage_is_named(tmp_path):
 @pytest.mark.slow
 def test_failing_stage_names_its_notebook(tiny_verifier, tmp_path):
     run = tmp_path / "run"
-    r = run_cli("--run-dir", str(run), "--stages", "verifier", "--set", "verifier.aux_layer_ids=[1, 2, 99]")
+    # a verifier whose config cannot be read: the preflight says so and leaves it to the stage, which fails
+    missing = tmp_path / "no-such-model"
+    r = run_cli("--run-dir", str(run), "--stages", "verifier", "--set", f"verifier.model={missing}")
     assert r.returncode == 1
     nb = run / "verifier" / "00_verifier.ipynb"
-    assert "stage 'verifier' failed" in r.stderr and str(nb) in r.stderr
-    assert "out of range" in r.stderr  # the library's message, not a generic one
+    assert "[preflight] skipped" in r.stderr and "stage 'verifier' failed" in r.stderr and str(nb) in r.stderr
+    assert "cannot load a config" in r.stderr  # the library's message, not a generic one
     m = json.loads((run / "verifier" / "manifest.json").read_text())
-    assert m["status"] == "failed" and "out of range" in m["error"]
+    assert m["status"] == "failed" and "cannot load a config" in m["error"]
     assert nb.exists() and (run / "verifier" / "report.html").exists()
     assert "failed" in (run / "index.html").read_text()
 

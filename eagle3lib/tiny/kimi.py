@@ -10,8 +10,8 @@ What it keeps of Kimi-K2 / K2.5 (61 layers, hidden 7168) at a size 2 CPU cores t
     (`first_k_dense_replace` 1);
   - Kimi's chat format (eagle3lib/tiny/chat_format.py: `<|im_end|>` turns, `<think>` reasoning, `[EOS]` as the
     tokenizer's eos), so vLLM's `kimi_k2` reasoning parser is the one exercised.
-Not kept: yarn rope scaling (the tiny context is 2,048), 384 experts with group-limited routing (n_group 1 here, as
-in Kimi), fp8/int4 weights.
+Not kept: yarn rope scaling (the tiny context is 2,048), 384 experts (8 here; one routing group, as Kimi's), int4
+weights.
 
 The same text weights inside Kimi-K2.5's multimodal wrapper: eagle3lib/tiny/kimi_wrapper.py (not part of the recipe:
 editing it does not change these weights' key).
