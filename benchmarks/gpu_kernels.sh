@@ -22,4 +22,4 @@ PY
 echo "== numerics on CUDA"
 EAGLE3_KERNEL_DEVICE=cuda timeout 150 "$PYTHON" -m pytest tests/test_kernels_numerics.py tests/test_kernels_launch.py -q -p no:cacheprovider
 echo "== benchmark"
-timeout 200 "$PYTHON" benchmarks/kernels.py --iters 10
+timeout 200 "$PYTHON" benchmarks/kernel_speed.py --iters 10

@@ -1,11 +1,14 @@
 """Time and peak memory of the Triton kernels against torch eager and torch.compile (forward + backward), one CUDA GPU.
 
-    python benchmarks/kernels.py                 # hidden 4096/7168 x sequence 8192/16384, draft vocab 32000, bf16
-    python benchmarks/kernels.py --no-compile    # skip the torch.compile baseline (compiling takes a minute or two)
+    python benchmarks/kernel_speed.py                 # hidden 4096/7168 x sequence 8192/16384, draft vocab 32000, bf16
+    python benchmarks/kernel_speed.py --no-compile    # skip the torch.compile baseline (compiling takes a minute or two)
 
 Peak memory is the allocator's peak during one forward + backward, above what the inputs already hold. A variant that
 fails (out of memory, or a compiled kernel over the shared-memory limit) prints its error in the table instead of a
 number.
+
+Named kernel_speed.py, not kernels.py: a script in benchmarks/ puts this folder first on sys.path, and transformers
+takes a module named `kernels` there for the hub-kernels package and then fails to load any model.
 """
 
 from __future__ import annotations
@@ -88,7 +91,7 @@ def main() -> int:
     parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile baseline")
     args = parser.parse_args()
     if not torch.cuda.is_available():
-        print("benchmarks/kernels.py needs a CUDA GPU (torch.cuda.is_available() is False); nothing to measure here.",
+        print("benchmarks/kernel_speed.py needs a CUDA GPU (torch.cuda.is_available() is False); nothing to measure here.",
               file=sys.stderr)
         return 2
 
