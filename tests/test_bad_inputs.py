@@ -50,6 +50,8 @@ PARAM_CASES = [  # (--set value, what the one-line message must contain)
     ("train.head_dim=7", "'train.head_dim': Input should be a multiple of 2"),
     ("verifier.aux_layer_ids=[1, 1, 2]", "'verifier.aux_layer_ids': EAGLE-3 takes 3 distinct layer ids"),
     ("verifier.aux_layer_ids=[1, 2]", "'verifier.aux_layer_ids': EAGLE-3 takes 3 distinct layer ids"),
+    ("verifier.aux_layer_ids=[5, 2, 4]", "[5, 2, 4] must be in ascending order: vLLM concatenates the auxiliary hidden "
+                                         "states in layer order ([2, 4, 5])"),
     ("verifier.gpu_memory_utilization=1.5", "'verifier.gpu_memory_utilization': Input should be less than or equal to 1"),
     ("generate.concurrency=0", "'generate.concurrency': Input should be greater than or equal to 1"),
     ("generate.temperature=-1", "'generate.temperature': Input should be greater than or equal to 0"),
@@ -310,6 +312,32 @@ def test_checkpoint_vllm_cannot_load_is_named_before_any_server(tmp_path, damage
     with pytest.raises(CheckpointError) as e:
         check_servable(ck)
     assert str(ck / "config.json") in str(e.value) and expected in str(e.value)
+
+
+@pytest.mark.parametrize("layout", ["speculators", "eagle"])
+def test_unsorted_aux_layer_ids_are_refused_at_every_edge(tmp_path, layout):
+    """One rule for the order of the auxiliary layers (ascending, the order vLLM concatenates them in): a drafter whose
+    config lists them otherwise is refused by name wherever it enters: vLLM's decoder (check_servable, before a server),
+    the library's decoder (load_drafter), training (train.init_from); extraction and training take their ids from the
+    profile, refused above (PARAM_CASES) and in the function every stage calls."""
+    from eagle3lib.model.checkpoint import CheckpointError, check_servable, load_drafter
+    from eagle3lib.model.interop import convert_drafter, read_init_source
+    from eagle3lib.model.verifier import aux_layer_ids
+
+    with pytest.raises(ValueError, match=r"verifier.aux_layer_ids \[5, 2, 4\] must be in ascending order"):
+        aux_layer_ids([5, 2, 4], 8)
+    ck = _checkpoint(tmp_path / "ck")
+    if layout == "eagle":
+        ck = convert_drafter(ck, "eagle", tmp_path / "eagle")
+    cfg = json.loads((ck / "config.json").read_text())
+    if layout == "eagle":
+        cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = [5, 2, 4]
+    else:
+        cfg["eagle_aux_hidden_state_layer_ids"] = [5, 2, 4]
+    (ck / "config.json").write_text(json.dumps(cfg))
+    for enter in (check_servable, load_drafter, read_init_source):
+        with pytest.raises(CheckpointError, match=r"eagle_aux_hidden_state_layer_ids \[5, 2, 4\] must be in ascending"):
+            enter(ck)
 
 
 def test_checkpoint_weights_checked_before_any_server(tmp_path):

@@ -95,11 +95,14 @@ def test_stage_on_the_vllm_backend(tmp_path, tiny_verifier, samples, vllm_extrac
         torch.testing.assert_close(a.final_hidden.float(), b.final_hidden.float(), rtol=2**-7, atol=1e-3)
 
 
-def test_unsorted_layer_ids_are_permuted_back(tiny_verifier, tmp_path):
-    """vLLM emits captured layers in layer order; the extractor maps them back to the order asked for."""
+def test_layer_ids_are_ascending_as_vllm_emits_them(tiny_verifier, tmp_path):
+    """vLLM emits captured layers in layer order; ids in another order are refused (the one rule, also for the
+    profile, training and both decoders: tests/test_bad_inputs.py)."""
     from eagle3lib.vllm.hidden_states import VLLMExtractor, speculative_config
 
-    ex = VLLMExtractor(str(tiny_verifier), VerifierConfig(model=str(tiny_verifier)), [5, 2, 4], 8, tmp_path, 2048)
-    assert ex.layer_ids == [2, 4, 5, 8] and ex.aux_pos == [2, 0, 1]
+    with pytest.raises(ValueError, match=r"\[5, 2, 4\] must be in ascending order"):
+        VLLMExtractor(str(tiny_verifier), VerifierConfig(model=str(tiny_verifier)), [5, 2, 4], 8, tmp_path, 2048)
+    ex = VLLMExtractor(str(tiny_verifier), VerifierConfig(model=str(tiny_verifier)), [2, 4, 5], 8, tmp_path, 2048)
+    assert ex.layer_ids == [2, 4, 5, 8]
     assert speculative_config(ex.layer_ids)["draft_model_config"]["hf_config"]["eagle_aux_hidden_state_layer_ids"] == [2, 4, 5, 8]
     assert "--kv-transfer-config" in ex.server.command() and "eagle3lib.vllm.connector" in " ".join(ex.server.command())

@@ -9,6 +9,18 @@ from pydantic import Field, field_validator
 from eagle3lib.config.base import StageConfig
 
 
+def aux_order_problem(ids: list[int], key: str = "verifier.aux_layer_ids") -> str | None:
+    """The one rule for the order of auxiliary layer ids, everywhere (profile, extraction, training, both decoders,
+    published drafters): ascending. vLLM concatenates the auxiliary states in layer order whatever a config lists, while
+    extraction, training and the library's decoder follow the list, so any other order would feed a served drafter a
+    permuted fc input and silently cost its acceptance."""
+    if list(ids) == sorted(ids):
+        return None
+    return (f"{key} {list(ids)} must be in ascending order: vLLM concatenates the auxiliary hidden states in layer "
+            f"order ({sorted(ids)}) whatever the list says, so a drafter trained on {list(ids)} would see its fc input "
+            f"permuted when served. Write {sorted(ids)}")
+
+
 class VerifierConfig(StageConfig):
     model: str = "builtin:tiny"  # HF model id or local dir; `builtin:tiny` is the CPU default eagle3lib builds itself
     trust_remote_code: bool = False  # runs code shipped with the checkpoint: only for models that need it (Kimi-K2.5)
@@ -31,4 +43,6 @@ class VerifierConfig(StageConfig):
         if v is not None and (len(v) != 3 or len(set(v)) != 3 or min(v) < 0):
             raise ValueError(f"EAGLE-3 takes 3 distinct layer ids >= 0 (vLLM's llama drafter sizes fc for exactly 3), "
                              f"got {v}")
+        if v is not None and (problem := aux_order_problem(v, "")):
+            raise ValueError(problem.strip())
         return v

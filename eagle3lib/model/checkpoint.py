@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from eagle3lib.config.verifier import aux_order_problem
 from eagle3lib.core.atomic import write_error
 from eagle3lib.model.drafter import DrafterConfig, Eagle3Drafter
 from eagle3lib.model.layouts import (
@@ -102,6 +103,8 @@ def config_from_speculators(d: dict[str, Any]) -> DrafterConfig:
     if "model_type" in d:
         raise CheckpointError("config.json has a top-level model_type: vLLM would not detect it as a speculators model")
     t = d["transformer_layer_config"]
+    if problem := aux_order_problem(d.get("eagle_aux_hidden_state_layer_ids") or [], "eagle_aux_hidden_state_layer_ids"):
+        raise CheckpointError(problem)
     if t.get("model_type", "llama") != "llama":
         raise CheckpointError(f"transformer_layer_config.model_type {t.get('model_type')!r}: only llama drafters are supported")
     spec = d.get("speculators_config", {})
@@ -276,7 +279,8 @@ def _eagle_problems(d: dict[str, Any]) -> list[str]:
 
 def _aux_ids_problems(ids: Any, key: str) -> list[str]:
     if isinstance(ids, list) and len(ids) == 3:
-        return []
+        problem = aux_order_problem(ids, key)
+        return [problem] if problem else []
     return [f"{key} must list 3 layers (vLLM's drafter sizes fc for 3), got {ids!r}"]
 
 

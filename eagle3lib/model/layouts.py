@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from eagle3lib.config.verifier import aux_order_problem
 from eagle3lib.model.drafter import DrafterConfig
 
 LAYOUTS = ("speculators", "eagle")
@@ -123,6 +124,8 @@ def config_from_eagle(d: dict[str, Any]) -> DrafterConfig:
     ids = ec.get("eagle_aux_hidden_state_layer_ids") or d.get("eagle_aux_hidden_state_layer_ids")
     if not ids:
         raise ValueError("no eagle_config.eagle_aux_hidden_state_layer_ids (which verifier layers feed the drafter)")
+    if problem := aux_order_problem(ids, "eagle_config.eagle_aux_hidden_state_layer_ids"):
+        raise ValueError(problem)
     return from_llama_fields(
         d,
         draft_vocab_size=int(d.get("draft_vocab_size") or d["vocab_size"]),

@@ -15,6 +15,8 @@ from typing import Any
 
 import torch
 
+from eagle3lib.config.verifier import aux_order_problem
+
 BUILTIN_TINY = "builtin:tiny"
 BUILTINS = {  # verifier.model -> what it is (the names the stage reports show)
     BUILTIN_TINY: "eagle3lib tiny (built)",
@@ -63,6 +65,8 @@ def aux_layer_ids(requested: list[int] | None, num_layers: int) -> list[int]:
     if len(set(ids)) != 3:
         raise ValueError(f"verifier.aux_layer_ids: {ids} are not distinct (a verifier with {num_layers} layers is too "
                          f"shallow?){fix}")
+    if problem := aux_order_problem(ids):
+        raise ValueError(problem)
     return ids
 
 

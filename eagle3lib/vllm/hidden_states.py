@@ -8,7 +8,8 @@ max_tokens=1); `concurrency` requests are in flight so vLLM batches the prefills
 companion lock, reads it, checks the token ids, and deletes it. Tensor parallelism is vLLM's
 (verifier.tensor_parallel_size); only TP rank 0 writes.
 
-vLLM emits the requested layers in layer order, so unsorted `aux_layer_ids` are permuted back to the order given.
+vLLM emits the requested layers in layer order: the ids are ascending, the one rule everywhere
+(eagle3lib/config/verifier.py `aux_order_problem`), so the stored order is the order listed.
 """
 
 from __future__ import annotations
@@ -27,8 +28,10 @@ from typing import Any
 import httpx
 import torch
 
+from eagle3lib.config.verifier import aux_order_problem
 from eagle3lib.data.chat_tokens import Tokenized
 from eagle3lib.vllm.endpoint import ServerError, http_client
+from eagle3lib.vllm.measure import FULL_SOFTMAX
 from eagle3lib.vllm.server import server_for_verifier
 
 CONNECTOR = "EagleHiddenStatesConnector"
@@ -82,8 +85,9 @@ class VLLMExtractor:
         shutil.rmtree(self.storage, ignore_errors=True)  # leftovers of a killed run
         self.storage.mkdir(parents=True)
         self.aux_ids = list(aux_ids)
-        self.layer_ids = sorted(set(aux_ids)) + [num_layers]  # vLLM returns them in layer order
-        self.aux_pos = [self.layer_ids.index(k) for k in aux_ids]
+        if problem := aux_order_problem(aux_ids):
+            raise ValueError(problem)
+        self.layer_ids = [*aux_ids, num_layers]  # vLLM returns them in layer order: the order listed
         self.concurrency = concurrency
         self.request_timeout_s = request_timeout_s
         max_model_len = max(verifier_cfg.max_model_len, max_sample_tokens + 1)  # +1: the one token each request generates
@@ -146,7 +150,7 @@ class VLLMExtractor:
     def _request(self, sample: Tokenized, prompt_logprobs: bool = False) -> tuple[torch.Tensor, torch.Tensor, dict]:
         assert self.client is not None, "start() the extractor first"
         ids = [int(x) for x in sample.input_ids]
-        body = {"model": self.model_name, "prompt": ids, "max_tokens": 1, "temperature": 0.0}
+        body = {"model": self.model_name, "prompt": ids, "max_tokens": 1, "temperature": 0.0, **FULL_SOFTMAX}
         if prompt_logprobs:
             body["prompt_logprobs"] = 1
         for attempt in range(3):
@@ -172,7 +176,7 @@ class VLLMExtractor:
         if hs.shape[:2] != (len(ids), len(self.layer_ids)):
             raise ServerError(f"sample {sample.id!r}: hidden states of shape {tuple(hs.shape)}, expected "
                               f"[{len(ids)}, {len(self.layer_ids)}, H]")
-        return hs[:, self.aux_pos].contiguous(), hs[:, -1].contiguous(), r.json()
+        return hs[:, :-1].contiguous(), hs[:, -1].contiguous(), r.json()
 
     def extract(self, samples: Iterable[Tokenized]) -> Iterator[tuple[Tokenized, torch.Tensor, torch.Tensor]]:
         """`concurrency` requests in flight; results in input order."""
