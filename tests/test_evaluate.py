@@ -189,3 +189,40 @@ def test_no_train_stage_is_a_clear_error(tmp_path):
     ctx = open_stage("evaluate", "tiny", tmp_path / "empty-run", {})
     with pytest.raises(EvaluateError, match=r"train/manifest\.json: no complete train stage"):
         run_evaluate(ctx)
+
+
+def test_other_traffic_on_the_spec_server_is_flagged_not_measured(servers, tiny_verifier):
+    """A spec server shared with another client: its counters move by requests that are not the evaluation's, so the
+    pass reports the extra requests and no tau (the stage then warns, naming the server key); alone, it reports none."""
+    from transformers import AutoTokenizer
+
+    from eagle3lib.tiny import corpus
+    from eagle3lib.vllm.measure import EvalPrompt, completion_payload, run_pass
+
+    spec, _ = servers
+    ep = spec.endpoint()
+    tok = AutoTokenizer.from_pretrained(tiny_verifier)
+    prompts = [EvalPrompt(f"q{i}", "all", tok.apply_chat_template(corpus.sample(77, i)["messages"][:-1],
+                                                                   add_generation_prompt=True, return_dict=True)["input_ids"])
+               for i in range(4)]
+    kw = dict(temperature=0.0, max_tokens=24, concurrency=2, request_timeout_s=120, connect_timeout_s=10, counters=True,
+              progress=False)
+    alone = run_pass(ep, prompts, **kw)
+    assert "other_traffic" not in alone and alone["tau"] > 1.0 and alone["categories"]["all"]["other_requests"] == 0
+    stop = threading.Event()
+
+    def other_client():
+        import httpx
+
+        while not stop.is_set():
+            httpx.post(f"{ep.base_url}/v1/completions", json=completion_payload(ep.model, prompts[0], 24, 0.0), timeout=60)
+
+    t = threading.Thread(target=other_client, daemon=True)
+    t.start()
+    try:
+        shared = run_pass(ep, prompts, **kw)
+    finally:
+        stop.set()
+        t.join()
+    assert shared["other_traffic"]["other_requests"] > 0 and shared["tau"] is None
+    assert shared["categories"]["all"]["tau"] is None

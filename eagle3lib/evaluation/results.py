@@ -116,6 +116,8 @@ def build_figures(results: dict[str, Any]) -> dict[str, Any]:
         f[f"vllm_tokens_per_s_spec{suffix}"] = spec_t
         f[f"vllm_tokens_per_s_base{suffix}"] = base_t
         f[f"vllm_speedup{suffix}"] = spec_t / base_t if spec_t and base_t else None
+    for mode, suffix in (("greedy", ""), ("sampled", "_sampled")):  # another client's requests in the counters
+        f[f"vllm_other_requests{suffix}"] = ((v.get(mode) or {}).get("other_traffic") or {}).get("other_requests", 0)
     f["vllm_greedy_same_output_frac_spec_base"] = v.get("greedy_same_output_frac_spec_base")
     f["greedy_same_output_frac_lib_vllm"] = results.get("greedy_same_output_frac_lib_vllm")
     ref = f.get("tau_vllm_greedy")

@@ -159,6 +159,13 @@ def _run(ctx, cfg, vcfg, timer) -> dict[str, Any]:
                 if w == "spec":
                     v.update({m: res[m] for m in cfg.modes})
                     v["spec_server"] = res["server"]
+                    for m in cfg.modes:
+                        if res[m].get("other_traffic"):
+                            o = res[m]["other_traffic"]
+                            notes.append(f"{servers.url(w)[1]}: while the {m} pass ran, the server's counters also moved "
+                                         f"by {o['other_requests']} requests and {o['other_prompt_tokens']} prompt "
+                                         "tokens that were not this evaluation's: another client shares it, so vLLM's "
+                                         f"{m} tau is not reported. Measure on a server nobody else uses")
                 else:
                     v["base"] = {m: res[m] for m in cfg.modes}
                     v["base_server"] = res["server"]

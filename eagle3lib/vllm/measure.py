@@ -99,6 +99,9 @@ def run_pass(endpoint: Endpoint, prompts: list[EvalPrompt], *, temperature: floa
                 delta = fetch_counters(endpoint.base_url, headers) - before
                 total = total + delta
                 row.update(delta.summary())
+                # requests and prompt tokens the counters saw beyond this category's own: another client's
+                row["other_requests"] = int(delta.requests) - len(sel)
+                row["other_prompt_tokens"] = int(delta.prompt_tokens) - sum(len(p.token_ids) for p in sel)
             out["categories"][cat] = row
             out["seconds"] += dt
             out["output_tokens"] += toks
@@ -108,6 +111,13 @@ def run_pass(endpoint: Endpoint, prompts: list[EvalPrompt], *, temperature: floa
     out["tokens_per_s"] = out["output_tokens"] / out["seconds"] if out["seconds"] > 0 else None
     if counters:
         out.update(total.summary())
+        other = {k: sum(max(0, r[k]) for r in out["categories"].values()) for k in ("other_requests",
+                                                                                   "other_prompt_tokens")}
+        if any(other.values()):  # the counters are shared with someone else's decoding: no tau from them
+            out["other_traffic"] = other
+            for row in (out, *out["categories"].values()):
+                row["tau"] = None
+                row["accept_rate_pos"] = [None] * len(row.get("accept_rate_pos") or [])
     return out
 
 

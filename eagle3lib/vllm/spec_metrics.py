@@ -7,6 +7,9 @@ Exported names (vllm 0.32, checked against a live server; Prometheus adds `_tota
   vllm:spec_decode_num_accepted_tokens_per_pos_total{position="i"}   rounds that accepted more than i drafts
 Counters only grow: a measurement is the difference of two snapshots. tau = 1 + accepted / drafts (the bonus or
 correction token of each round included), and accept_rate_pos_{i+1} = accepted_per_pos[i] / drafts.
+Beside them, two counters that say whose requests moved them: vllm:request_success_total (finished requests, summed
+over finish reasons) and vllm:prompt_tokens_total. A measurement that sent n requests with P prompt tokens between
+two snapshots, on a server nobody else uses, sees exactly n and P; more means other traffic shared the counters.
 """
 
 from __future__ import annotations
@@ -32,17 +35,20 @@ class SpecCounters:
     draft_tokens: float = 0.0
     accepted: float = 0.0
     accepted_per_pos: list[float] = field(default_factory=list)
+    requests: float = 0.0  # finished requests (vllm:request_success_total), any client's
+    prompt_tokens: float = 0.0  # vllm:prompt_tokens_total, any client's
 
     def __sub__(self, before: SpecCounters) -> SpecCounters:
         n = max(len(self.accepted_per_pos), len(before.accepted_per_pos))
         a = self.accepted_per_pos + [0.0] * (n - len(self.accepted_per_pos))
         b = before.accepted_per_pos + [0.0] * (n - len(before.accepted_per_pos))
         return SpecCounters(self.drafts - before.drafts, self.draft_tokens - before.draft_tokens,
-                            self.accepted - before.accepted, [x - y for x, y in zip(a, b, strict=True)])
+                            self.accepted - before.accepted, [x - y for x, y in zip(a, b, strict=True)],
+                            self.requests - before.requests, self.prompt_tokens - before.prompt_tokens)
 
     def __add__(self, other: SpecCounters) -> SpecCounters:
         return self - SpecCounters(-other.drafts, -other.draft_tokens, -other.accepted,
-                                   [-x for x in other.accepted_per_pos])
+                                   [-x for x in other.accepted_per_pos], -other.requests, -other.prompt_tokens)
 
     def summary(self) -> dict[str, Any]:
         d = self.drafts
@@ -62,10 +68,16 @@ def parse_metrics(text: str) -> SpecCounters | None:
     per_pos: dict[int, float] = {}
     found = False
     for line in text.splitlines():
-        if not line.startswith(PREFIX):
-            continue
         m = _LINE.match(line)
         if not m:
+            continue
+        if m.group("name") == "vllm:request_success_total":
+            c.requests += float(m.group("value"))
+            continue
+        if m.group("name") == "vllm:prompt_tokens_total":
+            c.prompt_tokens += float(m.group("value"))
+            continue
+        if not line.startswith(PREFIX):
             continue
         name, value = m.group("name")[len(PREFIX):], float(m.group("value"))
         if name == "num_drafts_total":
