@@ -2,6 +2,8 @@
 
 - OpenAI style (open-perfectblend, UltraChat): {"messages": [{"role": "user", "content": ...}, ...]}
 - ShareGPT style: {"conversations": [{"from": "human", "value": ...}, {"from": "gpt", "value": ...}]}
+- the benchmark sets (MT-Bench, Spec-Bench, HumanEval, GSM8K) in their published formats, and hub datasets by
+  `hf:OWNER/NAME`: eagle3lib/data/benchmarks.py
 Assistant turns may carry `reasoning_content` (or `reasoning`), kept as `reasoning_content`.
 
 Every conversation gets a stable id: the record's own `id` when it has one, else a hash of its messages (plus an
@@ -20,6 +22,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from eagle3lib.core.paths import ASSETS_DIR
+from eagle3lib.data.benchmarks import HUB_PREFIX, benchmark_id, benchmark_messages, hub_dataset_files, later_turns
 
 BUILTIN = {  # datasets shipped with the project (written for it, no downloads)
     "builtin:tiny-train": ASSETS_DIR / "prompts" / "train.jsonl",
@@ -58,6 +61,8 @@ class LoadStats:
 def resolve_path(path: str | Path) -> Path:
     if str(path) in BUILTIN:
         return BUILTIN[str(path)]
+    if str(path).startswith(HUB_PREFIX):
+        return hub_dataset_files(str(path))[0].parent
     p = Path(path)
     if not p.exists():
         raise DatasetError(f"dataset not found: {p}" + (f" (builtin datasets: {', '.join(BUILTIN)})" if str(path).startswith("builtin:") else ""))
@@ -92,6 +97,9 @@ def _raw_records(path: Path) -> Iterator[tuple[int, Any]]:
 
 
 def _normalise_messages(rec: dict[str, Any]) -> list[dict[str, Any]]:
+    bench = benchmark_messages(rec)
+    if bench is not None:
+        return bench[0]
     if "messages" in rec:
         msgs = []
         for j, m in enumerate(rec["messages"]):
@@ -115,7 +123,9 @@ def _normalise_messages(rec: dict[str, Any]) -> list[dict[str, Any]]:
                 raise ValueError(f"conversations[{j}].from {m['from']!r} is not one of {sorted(SHAREGPT_ROLES)}")
             msgs.append({"role": role, "content": m["value"] or ""})
         return msgs
-    raise ValueError("record has neither 'messages' (OpenAI format) nor 'conversations' (ShareGPT format)")
+    raise ValueError("record has neither 'messages' (OpenAI format) nor 'conversations' (ShareGPT format), nor a "
+                     "benchmark's fields ('turns': MT-Bench/Spec-Bench; 'task_id' + 'prompt': HumanEval; 'question' + "
+                     "'answer': GSM8K)")
 
 
 def load_conversations(
@@ -128,11 +138,11 @@ def load_conversations(
     stats: LoadStats | None = None,
 ) -> list[Conversation]:
     """All conversations of a JSONL/Parquet file (or a builtin name), shuffled with `seed` before `max_samples` is applied."""
-    path = resolve_path(path)
+    paths = hub_dataset_files(str(path)) if str(path).startswith(HUB_PREFIX) else [resolve_path(path)]
     stats = stats if stats is not None else LoadStats()
     out: list[Conversation] = []
     seen: dict[str, int] = {}
-    for line, rec in _raw_records(path):
+    for path, line, rec in ((p, line, rec) for p in paths for line, rec in _raw_records(p)):
         stats.records += 1
         try:
             if isinstance(rec, Exception):
@@ -145,13 +155,16 @@ def load_conversations(
                 stats.bad_records += 1
                 continue
             raise DatasetError(f"{path}:{line}: {e}") from None
-        rid = rec.get("id")
+        rid = benchmark_id(rec)
         if rid is None:
             digest = hashlib.sha1(json.dumps(msgs, sort_keys=True).encode()).hexdigest()[:16]
             seen[digest] = seen.get(digest, 0) + 1
             rid = digest if seen[digest] == 1 else f"{digest}-{seen[digest]}"
         extra = {k: v for k, v in rec.items() if k not in ("messages", "conversations", "id", "category")}
-        out.append(Conversation(str(rid), msgs, rec.get("category"), f"{path}:{line}", extra))
+        if later_turns(rec):
+            extra["later_turns"] = later_turns(rec)  # measured only once the first answer is generated (not yet)
+        category = rec.get("category") or (benchmark_messages(rec) or (None, None))[1]
+        out.append(Conversation(str(rid), msgs, category, f"{path}:{line}", extra))
     if shuffle:
         random.Random(seed).shuffle(out)
     if max_samples is not None:

@@ -156,6 +156,8 @@ def select_prompts(cfg, tokenizer, max_model_len: int, k: int) -> tuple[list[Eva
         raise EvaluateError(f"evaluate.prompts: no prompt of {cfg.prompts} fits verifier.max_model_len={max_model_len} "
                             f"with max_tokens={cfg.max_tokens}")
     stats = {"available": len(convs), "too_long": too_long,
+             # MT-Bench / Spec-Bench questions whose second turn is not measured (it must follow the verifier's answer)
+             "later_turns_not_measured": sum(1 for c in chosen if c.extra.get("later_turns")),
              "per_category": {cat: sum(p.category == cat for p in out) for cat in sorted({p.category for p in out})}}
     return out, stats, hashes
 

@@ -94,6 +94,9 @@ def _run(ctx, cfg, vcfg, timer) -> dict[str, Any]:
     tok = load_tokenizer(model_path, vcfg.trust_remote_code)
     prompts, pstats, hashes = select_prompts(cfg, tok, vcfg.max_model_len, k)
     eos = eos_ids(tok, model_path)
+    if pstats["later_turns_not_measured"]:
+        notes.append(f"{pstats['later_turns_not_measured']} multi-turn questions (MT-Bench / Spec-Bench): only their first "
+                     "turn is measured; later turns must follow the verifier's own first answer (not generated yet)")
     seen = prompts_in_training(ctx, hashes)
     if seen:
         notes.append(f"{seen} of {len(prompts)} evaluation prompts are also training prompts (generate.dataset)")
