@@ -226,3 +226,27 @@ def test_other_traffic_on_the_spec_server_is_flagged_not_measured(servers, tiny_
         t.join()
     assert shared["other_traffic"]["other_requests"] > 0 and shared["tau"] is None
     assert shared["categories"]["all"]["tau"] is None
+
+
+def test_mt_bench_second_turns_follow_the_verifiers_own_answers(servers, train_dir, tmp_path):
+    """MT-Bench's question.jsonl as published: each second turn is measured after the verifier's own greedy answer to
+    the first (from the base server, through the chat API), like any other prompt by both decoders."""
+    spec, base = servers
+    questions = tmp_path / "question.jsonl"
+    questions.write_text("".join(json.dumps(q) + "\n" for q in [
+        {"question_id": 81, "category": "math", "turns": ["What is 12 + 7?", "Now subtract 5 from that."]},
+        {"question_id": 82, "category": "chat", "turns": ["Give me a fact about owls.", "And one about frogs."]},
+        {"question_id": 83, "category": "code", "turns": ["Write a function that adds two numbers."]},
+    ]))
+    run = _run_dir(tmp_path / "run", train_dir)
+    ctx = open_stage("evaluate", "tiny", run, {**QUICK, "evaluate.prompts": str(questions), "evaluate.n_prompts": None,
+                                               "evaluate.modes": ["greedy"], "evaluate.spec_server_url": spec.base_url,
+                                               "evaluate.base_server_url": base.base_url})
+    r = run_evaluate(ctx)
+    p = r["results"]["prompts"]
+    assert p["used"] == 5 and p["later_turn_prompts"] == 2 and p["later_turns_not_measured"] == 0
+    answers = json.loads((run / "evaluate" / "later_turns.json").read_text())
+    assert len(answers) == 2 and all(a["content"] for a in answers.values())
+    per_prompt = {row["id"] for row in r["results"]["lib_per_prompt"]}
+    assert {"81", "81/turn-2", "82/turn-2", "83"} <= per_prompt
+    assert r["figures"]["tau_vllm_greedy"] > 1.0 and abs(r["figures"]["tau_lib_greedy"] - r["figures"]["tau_vllm_greedy"]) <= TOL

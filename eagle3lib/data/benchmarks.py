@@ -9,8 +9,8 @@
 | chat | {"messages": [...]} or {"conversations": [...]} | as is (eagle3lib/data/datasets.py) |
 
 The chat template is applied downstream as for any conversation (acceptance measured on raw text is misreported).
-Only the first turn of a multi-turn question is measured today: a second turn must follow the verifier's own first
-answer, which the evaluate stage does not generate yet (issue 16).
+A multi-turn question's later turns follow the verifier's own answers: the evaluate stage generates those first
+(eagle3lib/evaluation/turns.py).
 
 `hf:OWNER/NAME` names a hub dataset repository: its JSONL/Parquet files are fetched with huggingface_hub where a hub
 is reachable; where none is (these machines, CI), the error names the command to fetch it elsewhere and the local
@@ -57,22 +57,21 @@ def later_turns(rec: dict[str, Any]) -> list[str]:
 
 
 def hub_dataset_files(name: str) -> list[Path]:
-    """The JSONL/Parquet files of hub dataset `hf:OWNER/NAME`, fetched (and cached) with huggingface_hub."""
-    from eagle3lib.data.datasets import DatasetError
-
+    """The JSONL/Parquet files of hub dataset `hf:OWNER/NAME`, fetched (and cached) with huggingface_hub; ValueError
+    naming the way out when it cannot be (eagle3lib.data.datasets turns it into a DatasetError)."""
     repo = name[len(HUB_PREFIX):]
     hint = (f"fetch it where a hub is reachable (`huggingface-cli download --repo-type dataset {repo} --local-dir "
             f"DIR`) and set the path of its JSONL or Parquet file instead of {name}")
     if "/" not in repo:
-        raise DatasetError(f"{name}: a hub dataset is named hf:OWNER/NAME")
+        raise ValueError(f"{name}: a hub dataset is named hf:OWNER/NAME")
     try:
         from huggingface_hub import snapshot_download
 
         root = Path(snapshot_download(repo, repo_type="dataset", allow_patterns=["*.jsonl", "*.parquet", "*.json"]))
     except Exception as e:  # offline, unknown repository, gated: every case gets the same way out
         why = " ".join(str(e).split())[:200]
-        raise DatasetError(f"{name}: cannot fetch it from the hub ({type(e).__name__}: {why}); {hint}") from None
+        raise ValueError(f"{name}: cannot fetch it from the hub ({type(e).__name__}: {why}); {hint}") from None
     files = sorted(p for p in root.rglob("*") if p.suffix in (".jsonl", ".parquet"))
     if not files:
-        raise DatasetError(f"{name}: the repository has no JSONL or Parquet file; {hint}")
+        raise ValueError(f"{name}: the repository has no JSONL or Parquet file; {hint}")
     return files

@@ -62,11 +62,18 @@ def resolve_path(path: str | Path) -> Path:
     if str(path) in BUILTIN:
         return BUILTIN[str(path)]
     if str(path).startswith(HUB_PREFIX):
-        return hub_dataset_files(str(path))[0].parent
+        return _hub_files(str(path))[0].parent
     p = Path(path)
     if not p.exists():
         raise DatasetError(f"dataset not found: {p}" + (f" (builtin datasets: {', '.join(BUILTIN)})" if str(path).startswith("builtin:") else ""))
     return p
+
+
+def _hub_files(name: str) -> list[Path]:
+    try:
+        return hub_dataset_files(name)
+    except ValueError as e:
+        raise DatasetError(str(e)) from None
 
 
 def _raw_records(path: Path) -> Iterator[tuple[int, Any]]:
@@ -138,7 +145,7 @@ def load_conversations(
     stats: LoadStats | None = None,
 ) -> list[Conversation]:
     """All conversations of a JSONL/Parquet file (or a builtin name), shuffled with `seed` before `max_samples` is applied."""
-    paths = hub_dataset_files(str(path)) if str(path).startswith(HUB_PREFIX) else [resolve_path(path)]
+    paths = _hub_files(str(path)) if str(path).startswith(HUB_PREFIX) else [resolve_path(path)]
     stats = stats if stats is not None else LoadStats()
     out: list[Conversation] = []
     seen: dict[str, int] = {}
@@ -162,7 +169,7 @@ def load_conversations(
             rid = digest if seen[digest] == 1 else f"{digest}-{seen[digest]}"
         extra = {k: v for k, v in rec.items() if k not in ("messages", "conversations", "id", "category")}
         if later_turns(rec):
-            extra["later_turns"] = later_turns(rec)  # measured only once the first answer is generated (not yet)
+            extra["later_turns"] = later_turns(rec)  # after the verifier's own answers (eagle3lib/evaluation/turns.py)
         category = rec.get("category") or (benchmark_messages(rec) or (None, None))[1]
         out.append(Conversation(str(rid), msgs, category, f"{path}:{line}", extra))
     if shuffle:

@@ -120,8 +120,11 @@ def prompt_hash(messages: list[dict[str, Any]]) -> str:
     return hashlib.sha1(json.dumps(messages, sort_keys=True).encode()).hexdigest()
 
 
-def select_prompts(cfg, tokenizer, max_model_len: int, k: int) -> tuple[list[EvalPrompt], dict[str, Any], set[str]]:
-    """Prompts balanced over categories (equal shares, leftovers filled in order), seeded; rendered to token ids."""
+def select_prompts(cfg, tokenizer, max_model_len: int, k: int, later_turns: Any = None
+                   ) -> tuple[list[EvalPrompt], dict[str, Any], set[str]]:
+    """Prompts balanced over categories (equal shares, leftovers filled in order), seeded; rendered to token ids.
+    `later_turns(multi_turn_conversations)` gives the later turns of multi-turn questions as conversations
+    (eagle3lib/evaluation/turns.py); without it only their first turns are measured."""
 
     try:
         convs = load_conversations(cfg.prompts)
@@ -143,8 +146,10 @@ def select_prompts(cfg, tokenizer, max_model_len: int, k: int) -> tuple[list[Eva
         for q in queues:
             if q and len(chosen) < n:
                 chosen.append(q.pop(0))
+    multi = [c for c in chosen if c.extra.get("later_turns")]
+    later = later_turns(multi) if later_turns is not None and multi else []
     out, too_long, hashes = [], 0, set()
-    for c in chosen:
+    for c in chosen + later:
         ids = tokenizer.apply_chat_template(c.prompt(), add_generation_prompt=True, tokenize=True, return_dict=True,
                                             **cfg.chat_template_kwargs)["input_ids"]
         if len(ids) + cfg.max_tokens + k + 1 > max_model_len:
@@ -156,8 +161,8 @@ def select_prompts(cfg, tokenizer, max_model_len: int, k: int) -> tuple[list[Eva
         raise EvaluateError(f"evaluate.prompts: no prompt of {cfg.prompts} fits verifier.max_model_len={max_model_len} "
                             f"with max_tokens={cfg.max_tokens}")
     stats = {"available": len(convs), "too_long": too_long,
-             # MT-Bench / Spec-Bench questions whose second turn is not measured (it must follow the verifier's answer)
-             "later_turns_not_measured": sum(1 for c in chosen if c.extra.get("later_turns")),
+             "later_turn_prompts": len(later),  # turns 2.. of MT-Bench / Spec-Bench questions, after the verifier's answers
+             "later_turns_not_measured": 0 if later_turns is not None else len(multi),
              "per_category": {cat: sum(p.category == cat for p in out) for cat in sorted({p.category for p in out})}}
     return out, stats, hashes
 
