@@ -250,3 +250,46 @@ def test_mt_bench_second_turns_follow_the_verifiers_own_answers(servers, train_d
     per_prompt = {row["id"] for row in r["results"]["lib_per_prompt"]}
     assert {"81", "81/turn-2", "82/turn-2", "83"} <= per_prompt
     assert r["figures"]["tau_vllm_greedy"] > 1.0 and abs(r["figures"]["tau_lib_greedy"] - r["figures"]["tau_vllm_greedy"]) <= TOL
+
+
+@pytest.mark.slow
+def test_k_sweep_on_the_trained_drafter(servers, train_dir, tmp_path):
+    """K = 1 and 3, each on its own speculative server: tau does not fall as K grows, the sweep's K = 3 repeats the
+    main measurement (greedy: the same counters, within noise), and both recommendations come out."""
+    spec, base = servers
+    run = _run_dir(tmp_path / "run", train_dir)
+    ctx = open_stage("evaluate", "tiny", run, {**QUICK, "evaluate.modes": ["greedy"], "evaluate.library": False,
+                                               "evaluate.ttt_steps_sweep": [1, 3], "evaluate.spec_server_url": spec.base_url,
+                                               "evaluate.base_server_url": base.base_url})
+    r = run_evaluate(ctx)
+    f, sweep = r["figures"], r["results"]["k_sweep"]
+    assert [row["ttt_steps"] for row in sweep["rows"]] == [1, 3]
+    assert 1.0 < f["tau_vllm_greedy_k1"] <= 2.0 and f["tau_vllm_greedy_k1"] <= f["tau_vllm_greedy_k3"] + TOL
+    assert abs(f["tau_vllm_greedy_k3"] - f["tau_vllm_greedy"]) <= TOL  # two servers, the same drafter and prompts
+    assert f["k_best_here"] in (1, 3) and f["k_best_gpu_model"] in (1, 3)
+    assert 0 < f["drafter_verifier_flops_ratio"] < 1 and f["gpu_speedup_model_k3"] == pytest.approx(
+        f["tau_vllm_greedy_k3"] / (1 + 3 * f["drafter_verifier_flops_ratio"]))
+    assert all(row["speedup_here"] > 0 for row in sweep["rows"])
+    assert (run / "evaluate" / "phases" / "vllm_spec_k1.json").exists()  # a rerun reuses each K's measurement
+
+
+@pytest.mark.slow
+def test_drafters_side_by_side(servers, train_dir, tmp_path):
+    """This run's drafter and the same weights exported to the EAGLE layout, measured side by side on the same prompts
+    and settings: the same tau (a like-for-like comparison), the estimate only where a train manifest has one."""
+    from eagle3lib.model.interop import convert_drafter
+
+    spec, base = servers
+    export = convert_drafter(train_dir / "final", "eagle", tmp_path / "served-today")
+    run = _run_dir(tmp_path / "run", train_dir)
+    over = {**QUICK, "evaluate.modes": ["greedy"], "evaluate.library": False, "evaluate.checkpoint": "final",
+            "evaluate.spec_server_url": spec.base_url, "evaluate.base_server_url": base.base_url}
+    with pytest.raises(EvaluateError, match=r"evaluate.drafters\[1\]: .*no-such-drafter: no such folder"):
+        run_evaluate(open_stage("evaluate", "tiny", run, {**over, "evaluate.drafters": [str(export),
+                                                                                         str(tmp_path / "no-such-drafter")]}))
+    r = run_evaluate(open_stage("evaluate", "tiny", run, {**over, "evaluate.drafters": [str(export)]}))
+    rows, f = r["results"]["drafters"], r["figures"]
+    assert [row["drafter"] for row in rows] == ["this run (final)", "served-today"]
+    assert rows[0]["tau_estimate"] is not None and rows[1]["tau_estimate"] is None
+    assert abs(f["tau_vllm_greedy_drafter0"] - f["tau_vllm_greedy_drafter1"]) <= TOL
+    assert f["tau_vllm_greedy_drafter0"] == f["tau_vllm_greedy"] and all(row["tau_chat"] for row in rows)

@@ -14,6 +14,8 @@ class EvaluateConfig(StageConfig):
     checkpoint: str | None = None  # None or "best" = this run's train/best/ (best validation acceptance) when it is
     # not the last step, else train/final/; "final" = train/final/; or a drafter folder
     ttt_steps: int | None = Field(None, ge=1)  # draft tokens per verification round (vLLM's num_speculative_tokens); None = train.ttt_steps
+    drafters: list[str] = []  # other drafter folders (either layout; the one served today, a published one) measured
+    # beside this run's through vLLM: same prompts, K and server settings, one server each (eagle3lib/evaluation/drafters.py)
     # --- prompts
     prompts: str = "builtin:tiny-heldout"  # JSONL/Parquet (OpenAI or ShareGPT); prompt = up to the last user turn; per-category results use the record's `category`
     n_prompts: int | None = Field(48, ge=1)  # prompts sampled (stratified by category, seeded); None = all
@@ -41,6 +43,9 @@ class EvaluateConfig(StageConfig):
     warmup_requests: int = Field(2, ge=0)  # untimed requests per server before measuring (first-request overheads)
     request_timeout_s: float = Field(600.0, gt=0)  # one completion may take this long
     connect_timeout_s: float = Field(10.0, gt=0)  # an unreachable server fails within this
+    ttt_steps_sweep: list[int] = []  # also measure greedy tau, acceptance per position and tokens/s at each of these K
+    # through vLLM, one speculative server each (the main K too: the two measurements check each other), and recommend
+    # a K: measured here, and from a GPU cost model (eagle3lib/evaluation/k_sweep.py); [] = no sweep
     # --- comparison
     tolerance: float = Field(0.15, ge=0)  # |tau_lib - tau_vllm| (greedy) flagged beyond this: bf16 serving vs fp32 library diverge on near-ties (measured gaps ~0.01)
     tolerance_sampled: float = Field(0.3, ge=0)  # the same for sampled decoding (independent samples: ~0.05 standard deviation at ~800 rounds)
@@ -52,4 +57,12 @@ class EvaluateConfig(StageConfig):
             raise ValueError("evaluate.modes: at least one of greedy, sampled")
         if not (self.library or self.vllm):
             raise ValueError("evaluate.library and evaluate.vllm are both false: nothing to measure")
+        if self.drafters and not (self.vllm and "greedy" in self.modes):
+            raise ValueError("evaluate.drafters are measured by greedy decoding through vLLM: it needs evaluate.vllm "
+                             "true and greedy in evaluate.modes")
+        if self.ttt_steps_sweep and not (self.vllm and "greedy" in self.modes):
+            raise ValueError("evaluate.ttt_steps_sweep measures greedy decoding through vLLM: it needs evaluate.vllm "
+                             "true and greedy in evaluate.modes")
+        if any(k < 1 for k in self.ttt_steps_sweep):
+            raise ValueError(f"evaluate.ttt_steps_sweep: every K is at least 1, got {self.ttt_steps_sweep}")
         return self

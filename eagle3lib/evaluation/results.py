@@ -125,6 +125,17 @@ def build_figures(results: dict[str, Any]) -> dict[str, Any]:
         f[f"tau_gap_{m}_vs_vllm_greedy"] = f[f"tau_{m}"] - ref if f.get(f"tau_{m}") is not None and ref else None
     f["tau_lib_vllm_within_tolerance"] = (abs(f["tau_gap_lib_greedy_vs_vllm_greedy"]) <= results["tolerance"]
                                           if f["tau_gap_lib_greedy_vs_vllm_greedy"] is not None else None)
+    for i, row in enumerate(results.get("drafters") or []):  # 0 = this run's; evaluate.drafters from 1
+        f[f"tau_vllm_greedy_drafter{i}"] = row["tau"]
+    sweep = results.get("k_sweep") or {}
+    for row in sweep.get("rows", []):  # the K sweep (eagle3lib/evaluation/k_sweep.py)
+        k_ = row["ttt_steps"]
+        f[f"tau_vllm_greedy_k{k_}"] = row["tau"]
+        f[f"vllm_speedup_k{k_}"] = row["speedup_here"]
+        f[f"gpu_speedup_model_k{k_}"] = row["gpu_speedup_model"]
+    if sweep:
+        f.update({"k_best_here": sweep["k_best_here"], "k_best_gpu_model": sweep["k_best_gpu_model"],
+                  "drafter_verifier_flops_ratio": sweep["cost_ratio"]})
     f["num_prompts_seen_in_training"] = results["prompts"].get("seen_in_training")
     f["warnings"] = len(results["warnings"])
     return f

@@ -114,3 +114,80 @@ def per_prompt_table(results: dict[str, Any]) -> pl.DataFrame | str:
 
 def warnings_markdown(results: dict[str, Any]) -> str:
     return "\n".join(f"- {w}" for w in results["warnings"]) or "none"
+
+
+def k_sweep_table(results: dict[str, Any]) -> pl.DataFrame | str:
+    """The K sweep, one row per K; a sentence when none was run."""
+    sweep = results.get("k_sweep")
+    if not sweep:
+        return "No K sweep in this run (evaluate.ttt_steps_sweep: [1, 2, 3, 4, 5] measures one)."
+    return pl.DataFrame(sweep["rows"])
+
+
+def k_sweep_markdown(results: dict[str, Any]) -> str:
+    sweep = results.get("k_sweep")
+    if not sweep:
+        return ""
+    ratio = sweep["cost_ratio"]
+    model = (f"**modelled on a GPU** (an estimate, not a measurement: tau(K) / (1 + K c), c = drafter / verifier FLOPs "
+             f"per token = {ratio:.3f}): K = {sweep['k_best_gpu_model']}" if ratio is not None else
+             "no GPU model (set cost_projection.verifier_active_params)")
+    return (f"Best K **measured here**: {sweep['k_best_here']} (tokens/s over the verifier alone on this machine); "
+            f"best K {model}.")
+
+
+def plot_k_sweep(results: dict[str, Any]):
+    """tau and acceptance per position against K; measured speedup here and the modelled GPU speedup."""
+    rows = results["k_sweep"]["rows"]
+    ks = [r["ttt_steps"] for r in rows]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.6))
+    a.plot(ks, [r["tau"] for r in rows], "o-", label="tau (vLLM, greedy)")
+    for i in range(1, max(ks) + 1):
+        pts = [(r["ttt_steps"], r.get(f"accept_rate_pos_{i}")) for r in rows if r.get(f"accept_rate_pos_{i}") is not None]
+        if pts:
+            a.plot(*zip(*pts, strict=True), ".--", alpha=0.6, label=f"accepted at position {i}")
+    a.set_xlabel("K (drafted tokens per step)")
+    a.set_xticks(ks)
+    a.legend(fontsize=7)
+    a.set_title("acceptance")
+    b.plot(ks, [r["speedup_here"] for r in rows], "o-", label="measured here")
+    if any(r["gpu_speedup_model"] is not None for r in rows):
+        b.plot(ks, [r["gpu_speedup_model"] for r in rows], "s--", label="GPU model (estimate)")
+    b.axhline(1.0, color="gray", lw=0.8)
+    b.set_xlabel("K")
+    b.set_xticks(ks)
+    b.set_title("speedup over the verifier alone")
+    b.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def drafters_table(results: dict[str, Any]) -> pl.DataFrame | str:
+    """Drafters side by side, this run's first; a sentence when only this run's was measured."""
+    rows = results.get("drafters")
+    if not rows:
+        return "Only this run's drafter was measured (evaluate.drafters lists others to measure beside it)."
+    return pl.DataFrame(rows)
+
+
+def plot_drafters(results: dict[str, Any]):
+    """tau per drafter (the training estimate marked where there is one) and acceptance per draft position."""
+    rows = results["drafters"]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.6))
+    names = [r["drafter"] for r in rows]
+    a.bar(range(len(rows)), [r["tau"] or 0 for r in rows], color="tab:blue", label="vLLM greedy tau")
+    est = [(i, r["tau_estimate"]) for i, r in enumerate(rows) if r.get("tau_estimate") is not None]
+    if est:
+        a.plot(*zip(*est, strict=True), "k_", ms=18, mew=2, label="training estimate")
+    a.set_xticks(range(len(rows)), names, rotation=20, ha="right", fontsize=8)
+    a.set_title("acceptance length")
+    a.legend(fontsize=7)
+    k = max((int(key.rsplit("_", 1)[1]) for r in rows for key in r if key.startswith("accept_rate_pos_")), default=0)
+    for r in rows:
+        b.plot(range(1, k + 1), [r.get(f"accept_rate_pos_{i}") for i in range(1, k + 1)], "o-", label=r["drafter"])
+    b.set_xlabel("draft position")
+    b.set_xticks(range(1, k + 1))
+    b.set_title("share of rounds accepting position i")
+    b.legend(fontsize=7)
+    fig.tight_layout()
+    return fig

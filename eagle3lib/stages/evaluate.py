@@ -23,6 +23,7 @@ from typing import Any
 
 from eagle3lib.core.atomic import write_json_atomic
 from eagle3lib.core.manifest import StageTimer, now_iso, update_manifest
+from eagle3lib.evaluation.drafters import checked_drafters, compare_drafters
 from eagle3lib.evaluation.inputs import (
     EvaluateError,
     check_drafter,
@@ -31,6 +32,7 @@ from eagle3lib.evaluation.inputs import (
     resolve_checkpoint,
     select_prompts,
 )
+from eagle3lib.evaluation.k_sweep import k_sweep
 from eagle3lib.evaluation.library import library_device, measure_library, per_prompt_rows, summarize_library
 from eagle3lib.evaluation.phases import fingerprint, load_phase, save_phase
 from eagle3lib.evaluation.results import (
@@ -85,6 +87,7 @@ def _run(ctx, cfg, vcfg, timer) -> dict[str, Any]:
         check_servable(ckpt)  # and loadable by vLLM, before any server starts
     except CheckpointError as e:
         raise EvaluateError(str(e)) from None
+    others = checked_drafters(cfg.drafters, vconf, model_path, has_cuda())  # the same, for evaluate.drafters
     k = cfg.ttt_steps or ctx.profile.section("train").ttt_steps
     k_trained = int(dcfg.ttt_steps)
     if k > k_trained:
@@ -198,6 +201,18 @@ def _run(ctx, cfg, vcfg, timer) -> dict[str, Any]:
                     lib_out = {r["id"]: r["greedy"]["tokens"] for r in lib_raw["records"]}
                     results["greedy_same_output_frac_lib_vllm"] = same_frac(lib_out, v["greedy"]["outputs"])
             results["vllm"] = v
+            if others:
+                servers.close_all()  # each drafter's server measures alone
+                own_estimate = ((train_m or {}).get("figures") or {}).get("val_tau_est")
+                results["drafters"] = compare_drafters(cfg, vcfg, model_path, others, prompts, k, out_dir, vkey,
+                                                       (f"this run ({ckpt.name})", v["greedy"], own_estimate))
+            if cfg.ttt_steps_sweep:
+                servers.close_all()  # each K's server measures alone
+                t0 = time.time()
+                base_tps = ((v.get("base") or {}).get("greedy") or {}).get("tokens_per_s")
+                results["k_sweep"] = k_sweep(cfg, vcfg, model_path, ckpt, prompts, out_dir, vkey, base_tps,
+                                             ctx.profile.section("cost_projection").verifier_active_params)
+                results["phases"]["k_sweep"] = {"seconds": round(time.time() - t0, 1)}
     finally:
         servers.close_all()
     results["table"] = comparison_rows(results)

@@ -1,0 +1,84 @@
+"""How many tokens to draft per step: `evaluate.ttt_steps_sweep` measures greedy acceptance, the acceptance per draft
+position and tokens/s at each K through vLLM (one speculative server per K: num_speculative_tokens is fixed per
+server), on the evaluation's prompts, beside the verifier alone; the K of the main measurement reuses it.
+
+Two recommendations, kept apart because one machine cannot show the other's economics:
+  measured here   the K with the highest measured tokens/s over the verifier alone (on 2 CPU cores a drafter step
+                  costs about as much as a verifier step, so this is rarely what a GPU wants);
+  GPU model       speedup(K) = tau(K) / (1 + K c), where c = drafter FLOPs per drafted token / verifier FLOPs per
+                  token (2 x parameters each: the drafter's fc, layer and lm_head without the frozen embedding; the
+                  verifier's active parameters, cost_projection.verifier_active_params). It assumes a memory-bound
+                  decode, where verifying K + 1 tokens costs one verifier step, and counts each drafted token as one
+                  drafter forward: an estimate to plan with, labelled as such, never a measurement.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from eagle3lib.evaluation.spec_pass import measure_spec
+
+
+def drafter_parameters(ckpt: Path) -> int:
+    """Parameters a drafted token runs through: every tensor of the checkpoint but the (frozen, shared) embedding and
+    the vocabulary maps."""
+    from safetensors import safe_open
+
+    n = 0
+    for f in sorted(Path(ckpt).glob("*.safetensors")):
+        with safe_open(str(f), framework="pt") as sf:
+            for name in sf.keys():  # noqa: SIM118
+                if not name.endswith(("embed_tokens.weight", "d2t", "t2d")):
+                    shape = sf.get_slice(name).get_shape()
+                    size = 1
+                    for d in shape:
+                        size *= int(d)
+                    n += size
+    return n
+
+
+def gpu_speedup(tau: float | None, k: int, cost_ratio: float | None) -> float | None:
+    """The modelled GPU speedup of drafting k tokens per step (module docstring)."""
+    if tau is None or cost_ratio is None:
+        return None
+    return tau / (1.0 + k * cost_ratio)
+
+
+def sweep_rows(measured: dict[int, dict[str, Any]], base_tokens_per_s: float | None, cost_ratio: float | None
+               ) -> list[dict[str, Any]]:
+    """One row per K: tau, acceptance per position, tokens/s, measured speedup here, modelled GPU speedup."""
+    rows = []
+    for k in sorted(measured):
+        r = measured[k]
+        tps = r.get("tokens_per_s")
+        row = {"ttt_steps": k, "tau": r.get("tau"), "tokens_per_s": tps,
+               "speedup_here": tps / base_tokens_per_s if tps and base_tokens_per_s else None,
+               "gpu_speedup_model": gpu_speedup(r.get("tau"), k, cost_ratio)}
+        for i, rate in enumerate(r.get("accept_rate_pos") or [], 1):
+            row[f"accept_rate_pos_{i}"] = rate
+        rows.append(row)
+    return rows
+
+
+def recommend(rows: list[dict[str, Any]]) -> dict[str, int | None]:
+    """The K with the best measured speedup here, and the K with the best modelled GPU speedup."""
+    def best(col: str) -> int | None:
+        ok = [r for r in rows if r.get(col) is not None]
+        return max(ok, key=lambda r: r[col])["ttt_steps"] if ok else None
+
+    return {"k_best_here": best("speedup_here"), "k_best_gpu_model": best("gpu_speedup_model")}
+
+
+def k_sweep(cfg, vcfg, model_path: str, ckpt: Path, prompts, out_dir: Path, vkey: dict[str, Any],
+            base_tokens_per_s: float | None, verifier_active_params: float | None) -> dict[str, Any]:
+    """Every K of evaluate.ttt_steps_sweep measured on its own server (the main K too, so the two measurements of it
+    check each other), the rows, the cost ratio and both recommendations."""
+    measured = {k: measure_spec(cfg, vcfg, model_path, ckpt, prompts, k, out_dir, f"vllm_spec_k{k}",
+                                {**vkey, "which": f"spec_k{k}", "ttt_steps": k})
+                for k in sorted(set(cfg.ttt_steps_sweep))}
+    n_draft = drafter_parameters(ckpt)
+    ratio = n_draft / verifier_active_params if verifier_active_params else None
+    rows = sweep_rows(measured, base_tokens_per_s, ratio)
+    return {"rows": rows, "drafter_parameters": n_draft, "verifier_active_params": verifier_active_params,
+            "cost_ratio": ratio, **recommend(rows)}
