@@ -173,3 +173,43 @@ def test_breakeven_and_sensitivity():
     est = spd["estimate"][0]
     assert hf[0] / est == pytest.approx(rent["hours"])
     assert "rtx-pro-6000-x8" not in spd["hardware"].to_list()
+
+
+def test_offline_online_hybrid_on_the_kimi_profile():
+    """The field run's 37,312 samples and 1M: disk, verifier passes, $ and the crossover where storing beats recomputing."""
+    from eagle3lib.analysis.hidden_modes import cheapest, hidden_modes
+
+    cfg = cfg_of("kimi-k2.5", epochs=3)
+    cp = project(cfg, Path("/nonexistent"))
+    hm = hidden_modes(cp, cfg.cache_budget_gb, 25.0, 1.0, [37_312, 1_000_000])
+    get = {(r["samples"], r["hardware"], r["mode"]): r for r in hm.iter_rows(named=True)}
+    off, on, hy = (get[(37_312, "b300-x8", m)] for m in ("offline", "online", "hybrid"))
+    assert off["disk_tb"] == pytest.approx(87.8e6 * 57344 / 1e12, rel=1e-3) and on["disk_tb"] == 0  # ~5.0 TB vs none
+    assert hy["disk_tb"] == pytest.approx(2.0)  # the 2 TB cache holds 40% of the states
+    assert (off["verifier_passes"], on["verifier_passes"]) == (1, 3)
+    assert hy["verifier_passes"] == pytest.approx(1 + 2 * (1 - 2.0 / off["disk_tb"]))
+    v = off["verifier_hours_per_epoch"]
+    assert on["hours"] - off["hours"] == pytest.approx(2 * v)  # two more verifier passes, the same training
+    # at the crossover, offline (one pass + the disk) costs what online (a pass per epoch) does
+    x = off["crossover_epochs"]
+    assert 1 < x and x * v * 40 == pytest.approx(v * 40 + off["disk_tb"] * 25.0)
+    big = get[(1_000_000, "b300-x8", "offline")]
+    assert big["disk_tb"] == pytest.approx(1_000_000 * 2353 * 57344 / 1e12)  # 135 TB
+    owned = get[(37_312, "rtx-pro-6000-x8", "online")]
+    assert owned["usd"] == 0 and owned["crossover_epochs"] is None  # owned compute is free: online never loses on $
+    assert set(cheapest(hm)["mode"]) <= {"offline", "online", "hybrid"}
+
+
+def test_online_run_manifests_are_costed_from_the_trainer(tmp_path):
+    """An online run's extract stage stored tokens only: the verifier's throughput comes from the train manifest's
+    states figures and the disk from what storing would have taken."""
+    run = tmp_path / "run"
+    for stage, figs in {"extract": {"hidden_states": "online", "tokens": 1000, "bytes": 5000, "offline_bytes": 3_077_000,
+                                    "tokens_per_s": 1e6, "num_gpus": 1},
+                        "train": {"tokens_per_s": 2000.0, "num_processes": 1, "states_computed_tokens": 4000,
+                                  "states_verifier_s": 2.0}}.items():
+        (run / stage).mkdir(parents=True)
+        (run / stage / "manifest.json").write_text(json.dumps({"status": "complete", "figures": figs}))
+    cp = project(cfg_of("tiny", stages=["extract", "train"]), run)
+    m = cp.measured["extract"]
+    assert m.tokens_per_s == 2000.0 and m.bytes_per_token == pytest.approx(3077) and "online" in m.source

@@ -159,7 +159,14 @@ def measurements(cfg, run_dir: Path, reference: HardwareRow) -> dict[str, Measur
             out[stage] = Measurement(stage, tps, gpus, src)
         elif stage == "extract":
             bpt = cfg.extract_bytes_per_token
-            if bpt is None:
+            online = by_hand is None and man.figures(stage, fld).get("hidden_states", "offline") != "offline"
+            if online:  # the extract stage stored tokens only: the trainer's verifier measured the states' throughput
+                tps = man.number("train", "states_computed_tokens", fld) / man.number("train", "states_verifier_s", fld)
+                src = f"manifest {man.path('train')} (states computed online)"
+            if bpt is None and online:
+                bpt = man.number(stage, "offline_bytes", "extract_bytes_per_token") / man.number(
+                    stage, "tokens", "extract_bytes_per_token")
+            elif bpt is None:
                 figs = man.figures(stage, "extract_bytes_per_token")
                 if figs.get("bytes_per_token") is None and figs.get("bytes") and figs.get("tokens"):
                     bpt = float(figs["bytes"]) / float(figs["tokens"])

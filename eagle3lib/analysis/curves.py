@@ -28,6 +28,7 @@ from eagle3lib.analysis.log_sources import (
     parse_tensorboard,
 )
 from eagle3lib.core.atomic import write_bytes_atomic
+from eagle3lib.core.manifest import read_manifest
 
 INT_COLUMNS = ("step", "total_steps", "tokens_seen", "samples_seen")
 TTT_PREFIXES = ("loss", "full_acc", "cond_acc")
@@ -266,9 +267,19 @@ def summary_table(runs: list[RunMetrics]) -> pl.DataFrame:
         pl.col("metric").replace("finishes_at_unix", "finishes_at (local time)"))
 
 
+def hidden_states_mode(run: RunMetrics) -> str:
+    """offline | online | hybrid for a local eagle3lib run (its manifest's train.hidden_states, written when the run
+    starts), "" where unknown (a remote log, another trainer's)."""
+    if run.source.ssh is not None or run.source.tensorboard:
+        return ""
+    m = read_manifest(Path(run.source.location).parent) or {}
+    return str(((m.get("params") or {}).get("train") or {}).get("hidden_states", "offline" if m else ""))
+
+
 def sources_table(runs: list[RunMetrics]) -> pl.DataFrame:
     return pl.DataFrame({
         "run": [r.label for r in runs],
+        "hidden_states": [hidden_states_mode(r) for r in runs],
         "source": [r.source.location for r in runs],
         "format": [r.format for r in runs],
         "lines": [r.lines for r in runs],

@@ -215,3 +215,21 @@ def sensitivity(cp: CostProjection, lo: float = 0.25, hi: float = 4.0) -> plt.Fi
             ax.set_yscale("log")
     fig.tight_layout()
     return fig
+
+
+def hidden_modes(frame: pl.DataFrame) -> plt.Figure:
+    """$ of offline / online / hybrid hidden states per hardware row, one panel per hero-run size, disk TB on the
+    offline bars (eagle3lib/analysis/hidden_modes.py)."""
+    sizes = frame["samples"].unique(maintain_order=True).to_list()
+    rows = frame["hardware"].unique(maintain_order=True).to_list()
+    fig, axes = plt.subplots(1, len(sizes), figsize=(6.5 * len(sizes), 0.55 * len(rows) * 3 + 1.8), squeeze=False)
+    for ax, n in zip(axes[0], sizes, strict=True):
+        part = frame.filter(pl.col("samples") == n)
+        sns.barplot(data=_pd(part, ["hardware", "mode", "usd"]), x="usd", y="hardware", hue="mode", ax=ax,
+                    orient="h", palette="Set2")
+        for r in part.filter(pl.col("mode") == "offline").iter_rows(named=True):
+            ax.text(r["usd"], rows.index(r["hardware"]) - 0.27, f"  {r['disk_tb']:,.2f} TB", va="center", fontsize=8)
+        ax.set(xlabel="US$ (compute + storage)", ylabel="", title=f"{n:,} samples: hidden states stored or recomputed")
+        ax.legend(frameon=False, title=None)
+    fig.tight_layout()
+    return fig

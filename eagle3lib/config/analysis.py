@@ -52,6 +52,12 @@ class CostProjectionConfig(StageConfig):
     drafter_params: float | None = None  # drafter parameters without the frozen embedding; None = no training MFU
     ttt_steps: int | None = None  # TTT steps for training FLOPs 6 x drafter_params x ttt_steps; None = train.ttt_steps
     text_bytes_per_token: float = 5.0  # disk per token of generated JSONL (text + JSON overhead), an estimate
+    # --- offline vs online vs hybrid hidden states (eagle3lib/analysis/hidden_modes.py)
+    storage_usd_per_tb_month: float = Field(25.0, ge=0)  # what the offline store's disk costs (cloud block or NFS
+    # storage runs ~$20-100 per TB-month; 0 for disks already owned)
+    storage_months: float = Field(1.0, gt=0)  # how long the store is kept (the run, its reruns, the next drafter)
+    cache_budget_gb: float | None = Field(None, ge=0)  # hybrid's cache of the first epoch; None = train.cache_budget_gb
+    hidden_states_samples: list[int] = []  # more hero-run sizes for the comparison (the kimi profile: 1M samples)
     # --- the speed model
     speed_factors: dict[str, float] = {}  # row -> measured speed relative to the reference (a measured pair) override
     factor_uncertainty: float = Field(0.25, ge=0.0, lt=1.0)  # widens the peak-ratio range: real != peak ratios

@@ -33,7 +33,8 @@ class ExtractConfig(StageConfig):
     final_state_check: int = Field(2, ge=0)  # samples (first 512 tokens each) whose stored final state must reproduce
     # the verifier's own logits before the rest is extracted (a dropped or shifted last layer fails here); 0 = off
     # --- output
-    dtype: Literal["bfloat16", "float8_e4m3fn"] = "bfloat16"  # stored precision; fp8 (e4m3, per-token scales) halves the disk
+    dtype: Literal["bfloat16", "float32", "float8_e4m3fn"] = "bfloat16"  # stored precision (and the rounding of states
+    # computed online); fp8 (e4m3, per-token scales) halves the disk; float32 doubles it (exact comparisons, tests)
     samples_per_shard: int = Field(256, ge=1)  # samples per safetensors shard; size shards at ~1 GB (samples x tokens x bytes/token)
     max_shard_bytes: int | None = Field(None, ge=1)  # also close a shard once it holds this many bytes (long samples); None = count only
     disk_margin_gib: float = Field(1.0, ge=0)  # refuse to start unless the output disk has the estimate plus this much free

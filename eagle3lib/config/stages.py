@@ -108,7 +108,10 @@ class StageContext:
 
 def stage_params(profile: Profile, stage: Stage) -> dict[str, Any]:
     """What a manifest records as a stage's parameters; the runner compares it to decide whether a rerun is stale."""
-    return {"profile": profile.name, stage.section: profile.section(stage.section).model_dump(mode="json")}
+    params = {"profile": profile.name, stage.section: profile.section(stage.section).model_dump(mode="json")}
+    if stage.section == "extract":  # what the store holds depends on it (tokens only when the trainer computes states)
+        params["train.hidden_states"] = profile.section("train").hidden_states
+    return params
 
 
 def runs_root() -> Path:

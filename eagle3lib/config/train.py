@@ -38,6 +38,16 @@ class TrainConfig(StageConfig):
     out_of_vocab: Literal["mask", "keep"] = "mask"  # positions whose verifier argmax is outside the draft vocab:
     # "mask" drops them from the loss (the drafter can never propose that token); "keep" trains on the renormalised rest
 
+    # --- where the verifier's hidden states come from (eagle3lib/training/states.py)
+    hidden_states: Literal["offline", "online", "hybrid"] = "offline"  # offline: the extract stage's store; online:
+    # the verifier computes each micro-batch's states as training consumes them (extract.backend: hf in this process,
+    # vllm from a server through a bounded staging folder), nothing stored; hybrid: online, and the states of the
+    # first epoch are kept up to cache_budget_gb for the later epochs. The extract stage then stores tokens only
+    cache_budget_gb: float = Field(0.0, ge=0)  # hybrid: disk for the states of the first epoch (RUN_DIR/train/
+    # states-cache/); what does not fit is computed again in later epochs
+    staging_budget_gb: float = Field(1.0, gt=0)  # online with extract.backend=vllm: the most bytes of hidden states
+    # waiting in the staging folder; the requests wait when it is full (shared storage when server and trainer differ)
+
     # --- data and batching
     packed_row_tokens: int = Field(2048, ge=8)  # tokens per packed row (longer samples are truncated and counted); extract.max_sample_tokens is the per-sample cut
     packing: bool = True  # pack several samples per row (block-diagonal attention); False = one sample per row

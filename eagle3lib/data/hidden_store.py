@@ -8,7 +8,7 @@ Layout of a store folder (the extract stage uses RUN_DIR/extract/):
   shards/shard-NNNNN.safetensors  many samples each, their tokens concatenated along dim 0:
       input_ids    int32 [N]           token ids
       loss_mask    bool  [N]           True on assistant tokens
-      aux_hidden   [N, 3, H]           hidden states entering the 3 EAGLE-3 feature layers (bf16 or fp8 e4m3)
+      aux_hidden   [N, 3, H]           hidden states entering the 3 EAGLE-3 feature layers (bf16, fp32 or fp8 e4m3)
       final_hidden [N, H]              output of the last decoder layer, BEFORE the verifier's final norm
       aux_scale    f32 [N, 3]          fp8 only: per-token, per-layer dequantisation scale
       final_scale  f32 [N]             fp8 only: per-token dequantisation scale
@@ -17,6 +17,9 @@ Layout of a store folder (the extract stage uses RUN_DIR/extract/):
 Crash safety: a shard is written to a temporary name, fsynced and renamed, then listed in index.jsonl. A reader only
 ever opens renamed (complete) shards; a shard that was renamed but not yet indexed (a kill between the two steps) is
 recovered from its own header. Temporary files of a killed writer are never read and are removed on resume.
+
+dtype "none" (train.hidden_states online/hybrid): a tokens-only store, input_ids and loss_mask without hidden states;
+the trainer computes the states as it consumes the samples (eagle3lib/training/states.py).
 
 fp8: e4m3 with one scale per token (and per layer for the aux states), scale = amax / 448, halves the bytes per token;
 the reader dequantises to bf16. Relative error per element is at most 2^-4 of the token's amax (3 mantissa bits).
@@ -41,7 +44,8 @@ STORE_META = "store.json"
 INDEX = "index.jsonl"
 SHARDS_DIR = "shards"
 SHARD_RE = re.compile(r"^shard-(\d{5,})\.safetensors$")
-DTYPES = {"bfloat16": torch.bfloat16, "float8_e4m3fn": torch.float8_e4m3fn}
+DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float8_e4m3fn": torch.float8_e4m3fn,
+          "none": None}  # none: tokens only, the states are computed during training (online)
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
 META_KEYS = ("verifier", "hidden_size", "vocab_size", "num_layers", "aux_layer_ids")  # must match on resume (and
 # dtype, format, and max_sample_tokens when both the store and the writer state it)
@@ -56,8 +60,8 @@ class HiddenSample:
     sample_id: str
     input_ids: torch.Tensor  # LongTensor [T]
     loss_mask: torch.Tensor  # BoolTensor [T], True on assistant tokens
-    aux_hidden: torch.Tensor  # [T, 3, H] (bf16 when read; dequantised from fp8 if stored so)
-    final_hidden: torch.Tensor  # [T, H] final hidden state BEFORE the verifier's final norm
+    aux_hidden: torch.Tensor | None  # [T, 3, H] (as stored, fp8 dequantised to bf16); None in a tokens-only store
+    final_hidden: torch.Tensor | None  # [T, H] final hidden state BEFORE the verifier's final norm; None likewise
 
     def __len__(self) -> int:
         return int(self.input_ids.shape[0])
@@ -65,8 +69,10 @@ class HiddenSample:
 
 def bytes_per_token(hidden_size: int, dtype: str = "bfloat16", n_aux: int = 3) -> int:
     """Disk bytes per token: (n_aux + 1) x H hidden values, plus token id, mask and (fp8) scales."""
-    if dtype == "bfloat16":
-        return (n_aux + 1) * hidden_size * 2 + 4 + 1
+    if dtype in ("bfloat16", "float32"):
+        return (n_aux + 1) * hidden_size * (2 if dtype == "bfloat16" else 4) + 4 + 1
+    if dtype == "none":
+        return 4 + 1
     if dtype == "float8_e4m3fn":
         return (n_aux + 1) * hidden_size * 1 + (n_aux + 1) * 4 + 4 + 1
     raise StoreError(f"unknown hidden-state dtype {dtype!r} (known: {', '.join(DTYPES)})")
@@ -85,6 +91,16 @@ def quantize_fp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def dequantize_fp8(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
     return (q.float() * scale.float().unsqueeze(-1)).to(dtype)
+
+
+def as_stored(x: torch.Tensor, dtype: str) -> torch.Tensor:
+    """x rounded as a store of `dtype` gives it back (fp8 dequantised, bf16 rounded), in the dtype a reader returns:
+    states computed online are rounded so, and train exactly as the offline store would have them."""
+    if dtype == "float8_e4m3fn":
+        return dequantize_fp8(*quantize_fp8(x), dtype=torch.bfloat16)
+    if dtype == "float32":
+        return x.float()
+    return x.to(torch.bfloat16)
 
 
 # ------------------------------------------------------------------------------------------------------ index scan
@@ -253,14 +269,18 @@ class HiddenStateWriter:
         if T == 0:
             raise StoreError(f"sample {sample.sample_id!r} has no tokens")
         shapes = {"loss_mask": (T,), "aux_hidden": (T, self.n_aux, H), "final_hidden": (T, H)}
+        if self.dtype == "none":
+            shapes = {"loss_mask": (T,)}
+            sample = HiddenSample(sample.sample_id, sample.input_ids, sample.loss_mask, None, None)
         for name, shape in shapes.items():
             got = tuple(getattr(sample, name).shape)
             if got != shape:
                 raise StoreError(f"sample {sample.sample_id!r}: {name} has shape {got}, expected {shape}")
-        if sample.aux_hidden.dtype != torch.bfloat16 or sample.final_hidden.dtype != torch.bfloat16:
-            # buffer at storage precision (fp32 states would double the buffer); fp8 is quantised from bf16 at flush
+        buf_dtype = torch.float32 if self.dtype == "float32" else torch.bfloat16
+        if self.dtype != "none" and (sample.aux_hidden.dtype != buf_dtype or sample.final_hidden.dtype != buf_dtype):
+            # buffer at storage precision (fp32 states would double a bf16 buffer); fp8 is quantised from bf16 at flush
             sample = HiddenSample(sample.sample_id, sample.input_ids, sample.loss_mask,
-                                  sample.aux_hidden.to(torch.bfloat16), sample.final_hidden.to(torch.bfloat16))
+                                  sample.aux_hidden.to(buf_dtype), sample.final_hidden.to(buf_dtype))
         self._buf.append(sample)
         self._buf_ids.add(sample.sample_id)
         self._buf_bytes += T * bytes_per_token(H, self.dtype, self.n_aux)
@@ -278,14 +298,17 @@ class HiddenStateWriter:
         lengths = [len(s) for s in buf]
         input_ids = torch.cat([s.input_ids.reshape(-1) for s in buf]).to(torch.int32)
         loss_mask = torch.cat([s.loss_mask.reshape(-1) for s in buf]).to(torch.bool)
-        aux = torch.cat([s.aux_hidden for s in buf])
-        final = torch.cat([s.final_hidden for s in buf])
-        if self.dtype == "float8_e4m3fn":
+        if self.dtype == "none":
+            tensors = {}
+        elif self.dtype == "float8_e4m3fn":
+            aux = torch.cat([s.aux_hidden for s in buf])
+            final = torch.cat([s.final_hidden for s in buf])
             aux_q, aux_s = quantize_fp8(aux)
             fin_q, fin_s = quantize_fp8(final)
             tensors = {"aux_hidden": aux_q, "aux_scale": aux_s, "final_hidden": fin_q, "final_scale": fin_s}
         else:
-            tensors = {"aux_hidden": aux.to(torch.bfloat16), "final_hidden": final.to(torch.bfloat16)}
+            tensors = {"aux_hidden": torch.cat([s.aux_hidden for s in buf]),
+                       "final_hidden": torch.cat([s.final_hidden for s in buf])}
         tensors.update(input_ids=input_ids, loss_mask=loss_mask)
         tensors = {k: v.contiguous() for k, v in tensors.items()}
         loss_tokens = int(loss_mask.sum())
@@ -409,6 +432,8 @@ class HiddenStateReader:
             return f.get_slice(name)[off : off + n]
 
         try:
+            if self.meta.get("dtype") == "none":
+                return HiddenSample(self.ids[i], rows("input_ids").long(), rows("loss_mask").bool(), None, None)
             aux, final = rows("aux_hidden"), rows("final_hidden")
             if aux.dtype == torch.float8_e4m3fn:
                 aux = dequantize_fp8(aux, rows("aux_scale"))

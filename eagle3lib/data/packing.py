@@ -182,9 +182,10 @@ def val_rows(val: list[int], lengths: list[int], row_len: int, packing: bool) ->
 # ------------------------------------------------------------------------------------------------------ collation
 
 
-def collate(reader, rows: list[list[int]], row_len: int) -> MicroBatch:
-    """Read the samples of `rows` and lay them out as [B, S] (S = the longest row), padding with doc = -1."""
-    samples = {i: reader[i] for row in rows for i in row}
+def collate(reader, rows: list[list[int]], row_len: int, samples: dict | None = None) -> MicroBatch:
+    """Read the samples of `rows` (or take them from `samples`: states computed online) and lay them out as [B, S]
+    (S = the longest row), padding with doc = -1."""
+    samples = samples if samples is not None else {i: reader[i] for row in rows for i in row}
     B = len(rows)
     S = max(row_tokens(r, reader.lengths, row_len) for r in rows)
     first = next(iter(samples.values()))

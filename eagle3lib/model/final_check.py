@@ -14,8 +14,9 @@ log-probabilities by whole nats and the top-1 token at most positions (tests/tes
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
-from typing import NamedTuple
+import time
+from dataclasses import asdict, dataclass, replace
+from typing import Any, NamedTuple
 
 import torch
 
@@ -74,3 +75,36 @@ def failure_message(r: CheckResult, backend: str) -> str:
             f"{MAX_MEAN_ABS_LOGPROB_DIFF}): the extraction captured another layer than the last decoder layer's output "
             "(a dropped or shifted final layer, or a post-norm state). Nothing was stored; check the backend and "
             "verifier.aux_layer_ids, or set extract.final_state_check: 0 to skip the check")
+
+
+CHECK_TOKENS = 512  # per checked sample: the reference logits are [tokens, vocab] fp32 (163,840 wide for Kimi)
+
+
+class FinalStateMismatch(ValueError):
+    """The final states a backend hands back do not reproduce the verifier's logits."""
+
+
+def check_backend(backend: Any, samples: list, model_path: str, trust_remote_code: bool, name: str,
+                  store_dtype: str = "bfloat16") -> dict[str, Any]:
+    """The first samples' final states from `backend` (an extractor with .extract and .reference), rounded as the
+    store keeps them, against the verifier's own logits. Raises FinalStateMismatch; returns the figures and seconds.
+    Run before anything is stored (the extract stage) or trained on (online hidden states)."""
+    from eagle3lib.data.hidden_store import as_stored
+    from eagle3lib.model.verifier import load_verifier_head
+
+    t0 = time.time()
+    cut = [replace(s, input_ids=s.input_ids[:CHECK_TOKENS], loss_mask=s.loss_mask[:CHECK_TOKENS]) for s in samples]
+    head = load_verifier_head(model_path, trust_remote_code)
+    finals = [as_stored(f, store_dtype).float() for _, _, f in backend.extract(cut)]
+    refs = [backend.reference(s) for s in cut]
+    ids = [torch.from_numpy(s.input_ids.astype("int64")) for s in cut]
+    result = compare(head, finals, ids, refs)
+    if not result.ok:
+        raise FinalStateMismatch(failure_message(result, name))
+    return {**result.figures(), "seconds": round(time.time() - t0, 2)}
+
+
+def check_line(figures: dict[str, Any]) -> str:
+    return (f"final-state check: the final states reproduce the verifier's logits ({figures['positions']} positions of "
+            f"{figures['samples']} samples: top-1 agrees on {figures['top1_agreement']:.1%}, mean |log-prob difference| "
+            f"{figures['mean_abs_logprob_diff']:.4f})")

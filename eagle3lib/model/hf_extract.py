@@ -37,6 +37,14 @@ def pick_device(device: str) -> str:
     return device
 
 
+def hf_compute_dtype(cfg: Any, vcfg: Any) -> str:
+    """The HF backend's compute precision (extract.hf_dtype): explicit, or verifier.dtype on GPUs and float32 on CPU."""
+    if cfg.hf_dtype != "auto":
+        return cfg.hf_dtype
+    on_gpu = cfg.device_map is not None or pick_device(cfg.device).startswith("cuda")
+    return vcfg.dtype if on_gpu else "float32"
+
+
 def length_batches(samples: list[Tokenized], batch_tokens: int) -> list[list[int]]:
     """Indices of `samples` grouped so that batch size x longest length <= batch_tokens, longest first."""
     order = sorted(range(len(samples)), key=lambda i: -len(samples[i]))

@@ -21,3 +21,20 @@ def serve_command(checkpoint: str | Path, ttt_steps: int, verifier: str = "VERIF
     the draft steps is num_speculative_tokens)."""
     spec = {"method": "eagle3", "model": str(checkpoint), "num_speculative_tokens": ttt_steps}
     return f"python -m vllm.entrypoints.openai.api_server --model {verifier} --speculative-config '{json.dumps(spec)}'"
+
+
+def hidden_states_note(figures: dict) -> str:
+    """Markdown: where this run's hidden states came from (train.hidden_states) and what that cost."""
+    mode = figures.get("hidden_states", "offline")
+    if mode == "offline":
+        return "Hidden states: **offline**, read from the extract stage's store (`RUN_DIR/extract/`)."
+    cached = figures.get("states_cached_tokens", 0)
+    note = (f"Hidden states: **{mode}**: the verifier computed {figures.get('states_computed_tokens', 0):,} tokens' "
+            f"states as training consumed them ({figures.get('states_verifier_s', 0):,.1f} s of verifier time over all "
+            f"processes), nothing stored")
+    if mode == "hybrid":
+        note += (f" but the first epoch's cache ({figures.get('states_cache_bytes', 0) / 1e6:,.1f} MB in "
+                 f"`train/states-cache/`), from which {cached:,} tokens' states were read")
+    if figures.get("states_peak_staged_bytes"):
+        note += f"; at most {figures['states_peak_staged_bytes'] / 1e6:,.2f} MB waited in the vLLM staging folder"
+    return note + "."

@@ -29,8 +29,6 @@ from eagle3lib.data.hidden_store import (
     HiddenSample,
     HiddenStateWriter,
     bytes_per_token,
-    dequantize_fp8,
-    quantize_fp8,
 )
 from eagle3lib.data.records import ReadStats, iter_generated
 from eagle3lib.model.verifier import describe_model, load_tokenizer, resolve_model, verifier_facts
@@ -104,8 +102,11 @@ def _verifier_facts(model_path: str, vcfg: Any) -> dict[str, Any]:
 
 def extract(cfg: Any, vcfg: Any, out_dir: str | Path, gen_dir: str | Path | None = None,
                      manifest_params: dict[str, Any] | None = None, hf_model: Any = None,
-                     extractor: Any = None) -> dict[str, Any]:
+                     extractor: Any = None, hidden_states: str = "offline") -> dict[str, Any]:
     """The stage without a StageContext: read `cfg.source`, write the store and manifest.json into `out_dir`.
+
+    `hidden_states` is train.hidden_states: "offline" stores the states; "online" and "hybrid" store the tokens only
+    (the trainer computes the states, eagle3lib/training/states.py): no backend runs here.
 
     Returns {"figures", "outputs", "out_dir"}. `hf_model` reuses an already loaded HF model; `extractor` an already
     started backend (an object with `.extract(samples)`, e.g. a VLLMExtractor shared by tests and benchmarks).
@@ -147,7 +148,9 @@ def extract(cfg: Any, vcfg: Any, out_dir: str | Path, gen_dir: str | Path | None
     meta = {"verifier": vcfg.model, "verifier_path": model_path, "num_layers": L, "hidden_size": H,
             "vocab_size": facts["vocab_size"], "aux_layer_ids": aux, "final_layer": "output of decoder layer L-1, before the final norm",
             "max_sample_tokens": cfg.max_sample_tokens}
-    writer = HiddenStateWriter(out_dir, meta, samples_per_shard=cfg.samples_per_shard, dtype=cfg.dtype,
+    store_dtype = cfg.dtype if hidden_states == "offline" else "none"
+    meta["hidden_states"] = hidden_states
+    writer = HiddenStateWriter(out_dir, meta, samples_per_shard=cfg.samples_per_shard, dtype=store_dtype,
                                max_shard_bytes=cfg.max_shard_bytes)
     if writer.damaged:
         _say(f"{len(writer.damaged)} damaged shard(s) set aside as shards/.damaged-*: {', '.join(writer.damaged)}; "
@@ -155,14 +158,20 @@ def extract(cfg: Any, vcfg: Any, out_dir: str | Path, gen_dir: str | Path | None
     todo = [s for s in samples if s.id not in writer.done_ids]
     resumed = len(samples) - len(todo)
     todo_tokens = sum(len(s) for s in todo)
-    bpt = bytes_per_token(H, cfg.dtype, len(aux))
+    bpt = bytes_per_token(H, store_dtype, len(aux))
     _say(f"{len(samples):,} samples ({tstats.tokens:,} tokens, {tstats.loss_tokens:,} loss tokens) from {desc}; "
-         f"{resumed:,} already stored, {len(todo):,} to extract ({todo_tokens:,} tokens) with backend {cfg.backend}")
+         f"{resumed:,} already stored, {len(todo):,} to " + (
+             f"extract ({todo_tokens:,} tokens) with backend {cfg.backend}" if store_dtype != "none" else
+             f"store as tokens only (train.hidden_states={hidden_states}: the trainer computes the states)"))
     disk = check_disk(out_dir, todo_tokens, bpt, cfg.disk_margin_gib)
 
     figures_run: dict[str, Any] = {}
     t_run = time.time()
-    if todo:
+    if todo and store_dtype == "none":
+        for s in todo:
+            writer.add(HiddenSample(s.id, torch.from_numpy(s.input_ids.astype("int64")), torch.from_numpy(s.loss_mask),
+                                    None, None))
+    elif todo:
         try:
             figures_run = _extract(cfg, vcfg, model_path, facts, out_dir, todo, todo_tokens, writer, hf_model, extractor)
         except BaseException:  # interrupted or failed: keep the samples already extracted (the re-run resumes after them)
@@ -183,7 +192,9 @@ def extract(cfg: Any, vcfg: Any, out_dir: str | Path, gen_dir: str | Path | None
         "num_layers": L,
         "hidden_size": H,
         "vocab_size": facts["vocab_size"],
-        "dtype": cfg.dtype,
+        "dtype": store_dtype,
+        "hidden_states": hidden_states,  # offline: stored here; online/hybrid: computed by the trainer
+        "offline_bytes": tot["tokens"] * bytes_per_token(H, cfg.dtype, len(aux)),  # what storing them would take
         "samples": tot["samples"],
         "tokens": tot["tokens"],
         "loss_tokens": tot["loss_tokens"],
@@ -225,38 +236,17 @@ def extract(cfg: Any, vcfg: Any, out_dir: str | Path, gen_dir: str | Path | None
     return {"figures": figures, "outputs": outputs, "out_dir": out_dir}
 
 
-CHECK_TOKENS = 512  # per checked sample: the reference logits are [tokens, vocab] fp32 (163,840 wide for Kimi)
-
-
-def as_stored(x: torch.Tensor, dtype: str) -> torch.Tensor:
-    """x as the store gives it back: rounded to bf16, or fp8 with per-token scales."""
-    if dtype == "float8_e4m3fn":
-        return dequantize_fp8(*quantize_fp8(x), dtype=torch.float32)
-    return x.to(torch.bfloat16).float()
-
-
 def check_final_state(backend: Any, samples: list[Tokenized], model_path: str, vcfg: Any, name: str,
                       store_dtype: str = "bfloat16") -> dict[str, Any]:
-    """The first samples' final states, as the store keeps them, against the verifier's own logits
-    (eagle3lib/model/final_check.py); raises ExtractError before anything else is extracted when they disagree."""
-    from dataclasses import replace
+    """eagle3lib/model/final_check.py `check_backend`, as an ExtractError (nothing is stored when it fails)."""
+    from eagle3lib.model.final_check import FinalStateMismatch, check_backend, check_line
 
-    from eagle3lib.model.final_check import compare, failure_message
-    from eagle3lib.model.verifier import load_verifier_head
-
-    t0 = time.time()
-    cut = [replace(s, input_ids=s.input_ids[:CHECK_TOKENS], loss_mask=s.loss_mask[:CHECK_TOKENS]) for s in samples]
-    head = load_verifier_head(model_path, vcfg.trust_remote_code)
-    finals = [as_stored(f, store_dtype) for _, _, f in backend.extract(cut)]
-    refs = [backend.reference(s) for s in cut]
-    ids = [torch.from_numpy(s.input_ids.astype("int64")) for s in cut]
-    result = compare(head, finals, ids, refs)
-    if not result.ok:
-        raise ExtractError(failure_message(result, name))
-    _say(f"final-state check: the stored final states reproduce the verifier's logits ({result.positions} positions of "
-         f"{result.samples} samples: top-1 agrees on {result.top1_agreement:.1%}, mean |log-prob difference| "
-         f"{result.mean_abs_logprob_diff:.4f})")
-    return {**result.figures(), "seconds": round(time.time() - t0, 2)}
+    try:
+        figures = check_backend(backend, samples, model_path, vcfg.trust_remote_code, name, store_dtype)
+    except FinalStateMismatch as e:
+        raise ExtractError(str(e)) from None
+    _say(check_line(figures))
+    return figures
 
 
 def _extract(cfg, vcfg, model_path, facts, out_dir, todo, todo_tokens, writer, hf_model, extractor) -> dict[str, Any]:
@@ -291,7 +281,7 @@ def _extract(cfg, vcfg, model_path, facts, out_dir, todo, todo_tokens, writer, h
         if extractor is not None:
             consume(checked(extractor, cfg.backend))
         elif cfg.backend == "hf":
-            from eagle3lib.model.hf_extract import HFExtractor
+            from eagle3lib.model.hf_extract import HFExtractor, hf_compute_dtype
 
             if cfg.cpu_threads:
                 torch.set_num_threads(cfg.cpu_threads)
@@ -330,16 +320,8 @@ def num_gpus(cfg: Any, vcfg: Any) -> int:
     return 1
 
 
-def hf_compute_dtype(cfg: Any, vcfg: Any) -> str:
-    """The HF backend's compute precision: explicit, or verifier.dtype on GPUs and float32 on CPU."""
-    if cfg.hf_dtype != "auto":
-        return cfg.hf_dtype
-    from eagle3lib.model.hf_extract import pick_device
-
-    on_gpu = cfg.device_map is not None or pick_device(cfg.device).startswith("cuda")
-    return vcfg.dtype if on_gpu else "float32"
-
-
 def run(ctx) -> dict[str, Any]:
-    """Notebook / runner entry point: RUN_DIR/extract/ from the profile's `extract` and `verifier` sections."""
-    return extract(ctx.cfg, ctx.verifier, ctx.dir, ctx.stage_dir("generate"), ctx.manifest_params())
+    """Notebook / runner entry point: RUN_DIR/extract/ from the profile's `extract` and `verifier` sections (and
+    train.hidden_states: whether the states are stored here or computed by the trainer)."""
+    return extract(ctx.cfg, ctx.verifier, ctx.dir, ctx.stage_dir("generate"), ctx.manifest_params(),
+                   hidden_states=ctx.profile.section("train").hidden_states)

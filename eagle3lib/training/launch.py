@@ -53,6 +53,7 @@ def launch(ctx, *, echo=print) -> dict[str, Any]:
     check_trackers(ctx.cfg, ctx.dir)  # a tracker that cannot start fails now, not after torchrun's start-up
     cmd = launch_command(ctx)
     echo("$ " + " ".join(cmd))
+    ctx.dir.mkdir(parents=True, exist_ok=True)  # the processes start in it
     proc = popen_guarded(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
                          env=launch_env(ctx), cwd=str(ctx.dir))
     tail: list[str] = []

@@ -61,6 +61,8 @@ from eagle3lib.training.setup import (
     select_kernels,
     training_device,
 )
+from eagle3lib.training.states import open_states, states_figures
+from eagle3lib.training.validate import validate
 
 
 def log(msg: str) -> None:
@@ -76,7 +78,7 @@ class Trainer:
 
     def __init__(self, ctx, on_record=None, timer: StageTimer | None = None, t_start: float | None = None):
         cfg, vcfg = ctx.cfg, ctx.verifier
-        self.cfg, self.on_record, self.timer = cfg, on_record, timer
+        self.cfg, self.on_record, self.timer, self.verifier_cfg = cfg, on_record, timer, vcfg
         self.t_start = time.time() if t_start is None else t_start
         self.run_params = {"profile": ctx.profile.name, **ctx.profile.as_dict()}  # the trackers' run config
         self.trackers = Trackers()
@@ -108,8 +110,9 @@ class Trainer:
             self.reader = HiddenStateReader(store_dir)
         except StoreError as e:
             raise TrainingError(str(e)) from None
-        check_store(self.reader.meta, store_dir, self.vconf, aux_ids)
-        self.aux_ids, self.store_dir = aux_ids, store_dir
+        check_store(self.reader.meta, store_dir, self.vconf, aux_ids, cfg.hidden_states)
+        self.aux_ids, self.store_dir, self.states = aux_ids, store_dir, None
+        self.ecfg = ctx.profile.section("extract")  # online: extract.backend computes the states
         n_all = len(self.reader) if cfg.max_samples is None else min(len(self.reader), cfg.max_samples)
         if n_all == 0:
             raise TrainingError(f"{store_dir}: the hidden-state store holds no samples (did the extract stage run?)")
@@ -210,6 +213,8 @@ class Trainer:
         self.vrows = val_rows(self.split.val, self.lengths, cfg.packed_row_tokens, cfg.packing)
         log(f"{len(self.split.train)} train / {len(self.split.val)} val samples ({self.truncated} truncated to "
             f"{cfg.packed_row_tokens}); {self.plan.total_steps} steps; drafter {self.n_params / 1e6:.2f}M parameters")
+        if cfg.hidden_states != "offline":
+            self.states = open_states(self, self.ecfg, self.verifier_cfg, log)
         self.metrics = MetricsWriter(self.out_dir / "metrics.jsonl", enabled=self.rank == 0)
         self.metrics.truncate_after(self.progress.step if self.progress.step else -1)  # records <= the checkpoint stay
         if self.rank == 0:  # after the truncation: each tracker is caught up from what the file holds now
@@ -218,10 +223,15 @@ class Trainer:
 
     # ---------------------------------------------------------------------------------------------------- the loop
     def load_step(self, step: int):
-        """The micro-batches of this process for global step `step`."""
+        """The micro-batches of this process for global step `step` (online: their states computed here)."""
         e, s = self.plan.locate(step)
-        mine = deal(self.plan.steps[e][s], self.lengths, self.cfg.packed_row_tokens, self.world, self.cfg.micro_batch_rows)
-        return [collate(self.reader, mb, self.cfg.packed_row_tokens) for mb in mine[self.rank]]
+        mine = deal(self.plan.steps[e][s], self.lengths, self.cfg.packed_row_tokens, self.world,
+                    self.cfg.micro_batch_rows)[self.rank]
+        return [self.collate_rows(mb, e) for mb in mine]
+
+    def collate_rows(self, rows: list[list[int]], epoch: int):
+        got = self.states.fetch([i for r in rows for i in r], epoch) if self.states else None
+        return collate(self.reader, rows, self.cfg.packed_row_tokens, got)
 
     def run(self) -> dict[str, Any]:
         cfg, K, device, plan, pr = self.cfg, self.K, self.device, self.plan, self.progress
@@ -246,8 +256,11 @@ class Trainer:
             while pr.step < plan.total_steps and not self.stopped_early:
                 t_step = time.time()
                 mbs = next_batches.result()
-                next_batches = pool.submit(self.load_step, pr.step + 1) if pr.step + 1 < plan.total_steps else None
                 e, s_in_epoch = plan.locate(pr.step)
+                # hybrid: the first epoch's cache is sealed on every rank before the next epoch's states are fetched
+                seal = self._cache_open() and e == 0 and pr.step + 1 < plan.total_steps and plan.locate(pr.step + 1)[0]
+                next_batches = pool.submit(self.load_step, pr.step + 1) if pr.step + 1 < plan.total_steps and \
+                    not seal else None
                 global_rows = plan.steps[e][s_in_epoch]
                 step_tokens = sum(row_tokens(r, self.lengths, cfg.packed_row_tokens) for r in global_rows)
                 step_samples = sum(len(r) for r in global_rows)
@@ -271,7 +284,7 @@ class Trainer:
                 if end_of_epoch and self.vrows:
                     if next_batches is not None:
                         next_batches.result()  # the reader is not shared between threads: let the prefetch finish
-                    self.last_val = self._validate()
+                    self.last_val = validate(self)
                     self._emit(self.last_val)
                     self._score(self.last_val)
                     if cfg.patience and self.best.since_best >= cfg.patience:
@@ -281,12 +294,22 @@ class Trainer:
                         log(f"no better validation in {cfg.patience} (train.patience): stopping at step {pr.step} of "
                             f"{plan.total_steps}; best step {self.best.step}")
                         break
+                if seal:
+                    self.states.cache.seal()
+                    dist.barrier()
+                    self.states.cache.refresh()
+                    next_batches = pool.submit(self.load_step, pr.step)
                 self._maybe_stop_or_save()
         finally:
             pool.shutdown(wait=True, cancel_futures=True)
+            if self.states is not None:
+                self.states.close()
             if old_handler is not None:
                 signal.signal(signal.SIGTERM, old_handler)
         return self._finish()
+
+    def _cache_open(self) -> bool:
+        return self.states is not None and self.states.cache is not None
 
     def _step(self, mbs) -> tuple[torch.Tensor, float, float]:
         """One optimizer step over this process's micro-batches: (reduced stats [5, K], grad norm, lr)."""
@@ -322,7 +345,7 @@ class Trainer:
             torch.cuda.synchronize(device)
         return stats, grad_norm, lr
 
-    def _elapsed(self) -> float:
+    def elapsed(self) -> float:
         return self.progress.elapsed_s + time.time() - self.t_run0
 
     def _emit(self, rec: dict[str, Any]) -> None:
@@ -340,7 +363,7 @@ class Trainer:
                "epoch": round(self.plan.epoch_float(pr.step - 1), 4), "tokens_seen": pr.tokens_seen,
                "samples_seen": pr.samples_seen, "lr": lr, **summarize(w.stats.cpu(), self.cfg.decay),
                "tokens_per_s": w.tokens / dt, "samples_per_s": w.samples / dt, "grad_norm": grad_norm,
-               "peak_mem_mb": float(mem[0]), "time": time.time(), "elapsed_s": self._elapsed()}
+               "peak_mem_mb": float(mem[0]), "time": time.time(), "elapsed_s": self.elapsed()}
         self.last_train = ordered_record(rec, self.K)
         self._emit(self.last_train)
         self.window = Window(self.K, device)
@@ -367,7 +390,7 @@ class Trainer:
         if self.rank == 0:
             pr = self.progress
             training_state = {
-                **asdict(pr), "step": step, "elapsed_s": self._elapsed(), "optimizer": optim,
+                **asdict(pr), "step": step, "elapsed_s": self.elapsed(), "optimizer": optim,
                 "scheduler": {"step": step, "total_steps": self.plan.total_steps},
                 "rng_cpu": torch.get_rng_state(),
                 "rng_cuda": torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None,
@@ -410,34 +433,6 @@ class Trainer:
             log(f"best/ is not the resumed checkpoint's best (step {self.best.step}): the validations from here choose again")
             self.best = Best()
 
-    @torch.no_grad()
-    def _validate(self) -> dict[str, Any]:
-        cfg, K, device = self.cfg, self.K, self.device
-        self.module.eval()
-        stats = torch.zeros(len(STAT_KEYS), K, dtype=torch.float64, device=device)
-        mine = self.vrows[self.rank :: self.world]
-        # every process runs the same number of forwards (FSDP all-gathers are collective); extra ones count nothing
-        n_mb = math.ceil(math.ceil(len(self.vrows) / self.world) / cfg.micro_batch_rows)
-        tokens = samples = 0
-        ones = torch.ones(K, device=device)
-        for i in range(n_mb):
-            rows = mine[i * cfg.micro_batch_rows : (i + 1) * cfg.micro_batch_rows]
-            mb = collate(self.reader, rows or self.vrows[:1], cfg.packed_row_tokens)
-            with self.amp():
-                _, st = self.module(mb.to(device), ones)
-            if rows:
-                stats += st
-                tokens += mb.n_tokens
-                samples += mb.n_samples
-        dist.all_reduce_(stats)
-        counts = dist.all_reduce_(torch.tensor([tokens, samples], dtype=torch.float64, device=device))
-        step = self.progress.step
-        rec = {"kind": "val", "step": step, "epoch": round(self.plan.epoch_float(step - 1), 4), "time": time.time(),
-               "elapsed_s": self._elapsed(), "tokens": int(counts[0]), "samples": int(counts[1]),
-               "positions": int(stats[0, 0]), **summarize(stats.cpu(), cfg.decay)}  # positions: counted at step 0
-        self.module.train()
-        return rec
-
     # ------------------------------------------------------------------------------------------------------- end
     def _finish(self) -> dict[str, Any]:
         """Final checkpoint (with resume state, so a longer rerun continues), the vLLM-loadable export, the figures."""
@@ -445,6 +440,7 @@ class Trainer:
         if self.saved_step != self.progress.step:
             self.last_ckpt = self.save(self.progress.step)  # the last step (or where train.patience stopped)
         state = dist.model_state(self.module)
+        online = states_figures(self.states, lambda t: dist.all_reduce_(t.to(self.device)).cpu()) if self.states else {}
         if self.rank != 0:
             return {}
         final_dir = save_drafter(state, self.dcfg, self.out_dir / "final")
@@ -456,7 +452,7 @@ class Trainer:
             last_train = last_train or next((r for r in reversed(recs) if r.get("kind") == "train"), {})
             last_val = last_val or next((r for r in reversed(recs) if r.get("kind") == "val"), {})
             best_val = best_val or next((r for r in recs if r.get("kind") == "val" and r["step"] == self.best.step), {})
-        figures = run_figures(self, last_train, last_val, best_val)
+        figures = {**run_figures(self, last_train, last_val, best_val), "hidden_states": cfg.hidden_states, **online}
         outputs = {"checkpoint": str(final_dir.relative_to(self.out_dir)), "metrics": "metrics.jsonl",
                    "draft_vocab": "draft_vocab.safetensors",
                    "last_step_checkpoint": str(self.last_ckpt.relative_to(self.out_dir))}

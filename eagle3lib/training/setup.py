@@ -51,9 +51,15 @@ def drafter_layer_for(cfg, verifier_cfg) -> str:
         raise TrainingError(str(e)) from None
 
 
-def check_store(meta: dict[str, Any], store_dir: Path, verifier_cfg, aux_ids: list[int]) -> None:
-    """Hidden states must come from the configured verifier: same hidden size, vocabulary and feature layers."""
+def check_store(meta: dict[str, Any], store_dir: Path, verifier_cfg, aux_ids: list[int],
+                hidden_states: str = "offline") -> None:
+    """Hidden states must come from the configured verifier: same hidden size, vocabulary and feature layers; an
+    offline run needs a store that holds them (online runs use its tokens only)."""
     where = store_dir / "store.json"
+    if hidden_states == "offline" and meta.get("dtype") == "none":
+        raise TrainingError(f"{where}: the store holds tokens only (extracted for train.hidden_states="
+                            f"{meta.get('hidden_states', 'online')}), and train.hidden_states is offline: run the "
+                            "extract stage again (--force) for an offline store, or train with hidden_states online")
     problems = []
     if int(meta.get("hidden_size", -1)) != int(verifier_cfg.hidden_size):
         problems.append(f"hidden_size {meta.get('hidden_size')} != the verifier's {verifier_cfg.hidden_size}")

@@ -48,6 +48,12 @@ def kv_transfer_config(storage: str | Path) -> dict[str, Any]:
             "kv_connector_extra_config": {"shared_storage_path": str(storage)}}
 
 
+def staged_bytes(n_tokens: int, n_layers: int, hidden_size: int) -> int:
+    """An upper bound on the connector's file for a request of n_tokens: the states at 4 bytes (fp32 on CPU; bf16
+    servers write half), the token ids, and a header."""
+    return n_tokens * (n_layers * hidden_size * 4 + 8) + 4096
+
+
 def read_hidden_file(path: str, timeout_s: float = 600.0) -> dict[str, torch.Tensor]:
     """Wait for the connector to finish the file (shared lock on `<path>.lock`, or the file appearing), read it, delete it."""
     from safetensors.torch import load_file
@@ -76,18 +82,23 @@ class VLLMExtractor:
 
     def __init__(self, model_path: str, verifier_cfg: Any, aux_ids: list[int], num_layers: int, work_dir: str | Path,
                  max_sample_tokens: int, concurrency: int = 32, request_timeout_s: float = 3600.0,
-                 extra_args: list[str] | None = None, max_position_embeddings: int | None = None):
+                 extra_args: list[str] | None = None, max_position_embeddings: int | None = None,
+                 staging_budget: int | None = None, hidden_size: int = 0):
         if verifier_cfg.server_url:
             raise ValueError("extract.backend=vllm starts its own server (the hidden states are written to its local disk); "
                              "unset verifier.server_url or use extract.backend=hf")
         self.work_dir = Path(work_dir)
+        # the staging area: the connector's files wait here until read; staging_budget bounds its bytes (online training)
         self.storage = self.work_dir / "vllm-hidden-scratch"
+        self.staging_budget = staging_budget
+        self.peak_staged = 0  # the most bytes of files the in-flight requests could have written at once
         shutil.rmtree(self.storage, ignore_errors=True)  # leftovers of a killed run
         self.storage.mkdir(parents=True)
         self.aux_ids = list(aux_ids)
         if problem := aux_order_problem(aux_ids):
             raise ValueError(problem)
         self.layer_ids = [*aux_ids, num_layers]  # vLLM returns them in layer order: the order listed
+        self.hidden_size = hidden_size  # sizes the staging budget's accounting
         self.concurrency = concurrency
         self.request_timeout_s = request_timeout_s
         max_model_len = max(verifier_cfg.max_model_len, max_sample_tokens + 1)  # +1: the one token each request generates
@@ -178,19 +189,30 @@ class VLLMExtractor:
                               f"[{len(ids)}, {len(self.layer_ids)}, H]")
         return hs[:, :-1].contiguous(), hs[:, -1].contiguous(), r.json()
 
+    def file_bytes(self, n_tokens: int) -> int:
+        return staged_bytes(n_tokens, len(self.layer_ids), self.hidden_size)
+
     def extract(self, samples: Iterable[Tokenized]) -> Iterator[tuple[Tokenized, torch.Tensor, torch.Tensor]]:
-        """`concurrency` requests in flight; results in input order."""
-        window: deque[tuple[Tokenized, Future]] = deque()
+        """`concurrency` requests in flight (and, with a staging budget, no more than its bytes); results in input
+        order. A request's file is read and deleted before its result is yielded, so the staging folder holds at most
+        the files of the requests in flight."""
+        window: deque[tuple[Tokenized, Future, int]] = deque()
         with ThreadPoolExecutor(self.concurrency, thread_name_prefix="extract-vllm") as pool:
             try:
                 for s in samples:
-                    window.append((s, pool.submit(self.one, s)))
-                    if len(window) >= self.concurrency:
-                        s0, f0 = window.popleft()
+                    need = self.file_bytes(len(s)) if self.staging_budget else 0
+                    if self.staging_budget and need > self.staging_budget:
+                        raise ServerError(f"sample {s.id!r}: its hidden states ({need:,} bytes) exceed the staging "
+                                          f"budget ({self.staging_budget:,} bytes, train.staging_budget_gb)")
+                    while window and (len(window) >= self.concurrency or
+                                      (self.staging_budget and sum(w[2] for w in window) + need > self.staging_budget)):
+                        s0, f0, _ = window.popleft()  # the producer waits: the budget is full
                         yield s0, *f0.result()
+                    window.append((s, pool.submit(self.one, s), need))
+                    self.peak_staged = max(self.peak_staged, sum(w[2] for w in window))
                 while window:
-                    s0, f0 = window.popleft()
+                    s0, f0, _ = window.popleft()
                     yield s0, *f0.result()
             finally:
-                for _, f in window:
+                for _, f, _ in window:
                     f.cancel()
