@@ -14,6 +14,7 @@ import threading
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from eagle3lib.config.extract import ExtractConfig
@@ -176,8 +177,8 @@ def test_tokens_only_store_refuses_offline_training(runs):
 @pytest.mark.slow
 def test_vllm_fed_online_matches_offline_vllm_within_its_staging_budget(dataset, tmp_path):
     """extract.backend=vllm: the trainer starts its own extraction server; each request's states pass through the
-    staging folder, whose bytes never exceed train.staging_budget_gb (sampled while it runs); the curve is the one
-    offline vLLM extraction trains. A budget below one micro-batch is an error before any server starts.
+    staging folder, whose bytes never exceed train.staging_budget_gb (sampled while it runs); the server is killed
+    after step 3 and started again; the curve is the one offline vLLM extraction trains. A budget below one micro-batch is an error before any server starts.
     Both servers compute in fp32: vLLM batches each run's prefills differently, and in bf16 that alone moves the
     states by bf16 noise (measured: 0.04 in the loss of step 2), which is not what this test is about."""
     off = _extract(tmp_path / "off", dataset, "float32", "offline", backend="vllm", verifier_dtype="float32")
@@ -201,11 +202,21 @@ def test_vllm_fed_online_matches_offline_vllm_within_its_staging_budget(dataset,
                 pass
             time.sleep(0.005)
 
+    def kill_server_after_step_3(rec):  # the generate stage's policy: a server that dies is started again
+        if rec["kind"] == "train" and rec["step"] == 3:
+            servers = [p for p in psutil.Process().children(recursive=True)
+                       if "vllm.entrypoints.openai.api_server" in " ".join(p.cmdline())]
+            leaders = [p for p in servers if p.ppid() not in {q.pid for q in servers}]  # not vLLM's engine process
+            assert len(leaders) == 1, servers
+            os.killpg(leaders[0].pid, signal.SIGKILL)
+
     threading.Thread(target=watch, daemon=True).start()
+    ctx = open_stage("train", "tiny", on, {**over, "train.hidden_states": "online", "train.staging_budget_gb": budget_gb})
     try:
-        ctx, m = _train(on, {**over, "train.hidden_states": "online", "train.staging_budget_gb": budget_gb})
+        m = train(ctx, on_record=kill_server_after_step_3)
     finally:
         stop.set()
+    assert m["figures"]["states_server_restarts"] == 1
     assert 0 < staged[0] <= budget_gb * 1e9, staged[0]
     assert 0 < m["figures"]["states_peak_staged_bytes"] <= budget_gb * 1e9
     _same_curve(_curve(ref_ctx.dir), _curve(ctx.dir), atol=1e-4)

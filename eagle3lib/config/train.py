@@ -47,6 +47,8 @@ class TrainConfig(StageConfig):
     # states-cache/); what does not fit is computed again in later epochs
     staging_budget_gb: float = Field(1.0, gt=0)  # online with extract.backend=vllm: the most bytes of hidden states
     # waiting in the staging folder; the requests wait when it is full (shared storage when server and trainer differ)
+    server_restarts: int = Field(3, ge=0)  # online with extract.backend=vllm: a server that dies mid-run is started
+    # again this many times (the generate stage's policy); the micro-batches it was computing are asked again
 
     # --- data and batching
     packed_row_tokens: int = Field(2048, ge=8)  # tokens per packed row (longer samples are truncated and counted); extract.max_sample_tokens is the per-sample cut

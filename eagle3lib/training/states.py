@@ -55,9 +55,11 @@ class StateCounts:
     cached_samples: int = 0  # read back from the hybrid cache instead of computed
     cached_tokens: int = 0
     verifier_s: float = 0.0  # wall time inside the extractor
+    server_restarts: int = 0  # a vLLM server that died and was started again
 
     def as_list(self) -> list[float]:
-        return [self.computed_samples, self.computed_tokens, self.cached_samples, self.cached_tokens, self.verifier_s]
+        return [self.computed_samples, self.computed_tokens, self.cached_samples, self.cached_tokens, self.verifier_s,
+                self.server_restarts]
 
 
 class StatesCache:
@@ -111,6 +113,7 @@ class OnlineStates:
     cache: StatesCache | None = None
     counts: StateCounts = field(default_factory=StateCounts)
     setup_s: float = 0.0  # loading the verifier (or starting its server)
+    restarts_left: int = 0  # train.server_restarts not used yet
     check: dict[str, Any] = field(default_factory=dict)  # the final-state check's figures
 
     def fetch(self, indices: list[int], epoch: int) -> dict[int, HiddenSample]:
@@ -129,7 +132,7 @@ class OnlineStates:
                 keys.append(i)
         if todo:
             t0 = time.time()
-            results = list(self.extractor.extract([as_tokenized(s) for s in todo]))
+            results = self._extract([as_tokenized(s) for s in todo])
             self.counts.verifier_s += time.time() - t0
             for i, s, (_, aux, final) in zip(keys, todo, results, strict=True):
                 hs = HiddenSample(s.sample_id, s.input_ids, s.loss_mask, as_stored(aux, self.dtype),
@@ -140,6 +143,22 @@ class OnlineStates:
                 if self.cache is not None and epoch == 0:
                     self.cache.offer(hs)
         return out
+
+    def _extract(self, samples: list[Tokenized]) -> list:
+        """The extractor's results; a vLLM server that died is started again (the generate stage's policy, up to
+        train.server_restarts times) and the samples are asked again: nothing was trained on yet."""
+        while True:
+            try:
+                return list(self.extractor.extract(samples))
+            except Exception:
+                died = getattr(self.extractor, "server_died", lambda: False)()
+                if not died or self.restarts_left <= 0:
+                    raise
+                self.restarts_left -= 1
+                self.counts.server_restarts += 1
+                print(f"[train] the vLLM server computing the hidden states exited; restarting it "
+                      f"({self.counts.server_restarts} so far, train.server_restarts)", flush=True)
+                self.extractor.restart()
 
     def close(self) -> None:
         if self.cache is not None:
@@ -222,7 +241,8 @@ def open_states(t, ecfg, vcfg, log) -> OnlineStates:
     extractor = open_extractor(ecfg, vcfg, t.model_path, t.aux_ids, int(t.vconf.num_hidden_layers), H, t.device,
                                t.out_dir / f"online-{ecfg.backend}-rank{t.rank}", staging,
                                getattr(t.vconf, "max_position_embeddings", None))
-    states = OnlineStates(t.reader, extractor, ecfg.dtype, cache, setup_s=time.time() - t0)
+    states = OnlineStates(t.reader, extractor, ecfg.dtype, cache, setup_s=time.time() - t0,
+                          restarts_left=cfg.server_restarts)
     if ecfg.final_state_check and hasattr(extractor, "reference"):
         first = [as_tokenized(t.reader[i]) for i in t.split.train[: ecfg.final_state_check]]
         try:
@@ -244,6 +264,7 @@ def states_figures(states: OnlineStates, reduce) -> dict[str, Any]:
     out = {"states_computed_samples": int(c[0]), "states_computed_tokens": int(c[1]),
            "states_cached_samples": int(c[2]), "states_cached_tokens": int(c[3]),
            "states_verifier_s": round(float(c[4]), 2),  # summed over ranks: verifier time spent computing states
+           "states_server_restarts": int(c[5]),
            "states_setup_s": round(states.setup_s, 2), "states_cache_bytes": int(cache_bytes[0]),
            "states_peak_staged_bytes": int(getattr(states.extractor, "peak_staged", 0))}
     out.update({f"final_state_{k}": v for k, v in states.check.items()})

@@ -125,6 +125,19 @@ class VLLMExtractor:
         self.client = http_client(self.server.endpoint(), self.concurrency + 4, self.request_timeout_s)
         return self
 
+    def server_died(self) -> bool:
+        return self.server.proc is not None and self.server.proc.poll() is not None
+
+    def restart(self) -> None:
+        """Start the server again after it died (same port and settings); files of the lost requests are dropped."""
+        if self.client is not None:
+            self.client.close()
+            self.client = None
+        self.server.stop()
+        shutil.rmtree(self.storage, ignore_errors=True)
+        self.storage.mkdir(parents=True)
+        self.start()
+
     def close(self) -> None:
         if self.client is not None:
             self.client.close()
