@@ -21,10 +21,11 @@ def sample_summary(out_dir: str | Path, index: int = 0, tokenizer: Any = None) -
     r = HiddenStateReader(out_dir)
     s = r[index]
     names = [f"aux_{k}" for k in r.meta["aux_layer_ids"]] + ["final"]
-    norms = torch.cat([s.aux_hidden.float().norm(dim=-1), s.final_hidden.float().norm(dim=-1, keepdim=True)], dim=1)
+    norms = None if s.aux_hidden is None else torch.cat(  # None: a tokens-only store (states computed in training)
+        [s.aux_hidden.float().norm(dim=-1), s.final_hidden.float().norm(dim=-1, keepdim=True)], dim=1).tolist()
     tokens = tokenizer.convert_ids_to_tokens(s.input_ids.tolist()) if tokenizer is not None else None
     return {"id": s.sample_id, "input_ids": s.input_ids.tolist(), "tokens": tokens, "loss_mask": s.loss_mask.tolist(),
-            "layer_names": names, "norms": norms.tolist(), "meta": r.meta, "store": repr(r)}
+            "layer_names": names, "norms": norms, "meta": r.meta, "store": repr(r)}
 
 
 def disk_table(hidden_size: int, max_sample_tokens: int) -> pl.DataFrame:
@@ -51,9 +52,14 @@ def tokens_html(summary: dict[str, Any], tokenizer: Any, limit: int = 600) -> st
 
 
 def norms_plot(summary: dict[str, Any]):
-    """L2 norm of each captured hidden state per token, the loss mask shaded."""
-    norms = np.array(summary["norms"])
+    """L2 norm of each captured hidden state per token, the loss mask shaded (a note for a tokens-only store)."""
     fig, ax = plt.subplots(figsize=(9, 3))
+    if summary["norms"] is None:
+        ax.text(0.5, 0.5, f"{summary['store']}\nholds tokens only: train.hidden_states={summary['meta'].get('hidden_states')}"
+                " computes the states during training", ha="center", va="center", transform=ax.transAxes)
+        ax.set_axis_off()
+        return fig
+    norms = np.array(summary["norms"])
     for j, name in enumerate(summary["layer_names"]):
         ax.plot(norms[:, j], label=name, lw=1)
     mask = np.array(summary["loss_mask"])

@@ -29,7 +29,7 @@ import torch
 
 from eagle3lib.data.chat_tokens import Tokenized
 from eagle3lib.data.hidden_store import (
-    SHARDS_DIR,
+    STORE_META,
     HiddenSample,
     HiddenStateReader,
     HiddenStateWriter,
@@ -79,7 +79,7 @@ class StatesCache:
         """Index the complete shards of every rank's cache (after epoch 0, and at start for a resumed run)."""
         self.lookup = {}
         for d in sorted(self.root.glob("rank-*")):
-            if (d / SHARDS_DIR).is_dir():
+            if (d / STORE_META).is_file():  # another rank may be creating its cache right now: skip it until it has one
                 r = HiddenStateReader(d)
                 self.lookup.update({sid: (r, i) for i, sid in enumerate(r.ids)})
 
