@@ -77,6 +77,9 @@ class TrainConfig(StageConfig):
     # --- hardware
     nproc_per_node: int = Field(1, ge=1)  # processes (GPUs) per node; > 1 launches torchrun
     nnodes: int = Field(1, ge=1)  # nodes for multi-node torchrun (launch the same command on each node)
+    rdzv_endpoint: str | None = None  # nnodes > 1: host:port of torchrun's c10d rendezvous, reachable from every node
+    # (usually node 0's address); None = $EAGLE3_RDZV_ENDPOINT, else localhost:29400
+    rdzv_id: str = "eagle3"  # nnodes > 1: the rendezvous' job id; agents with the same id and endpoint form one job
     distributed: Literal["ddp", "fsdp"] = "ddp"  # FSDP2 (fully_shard) shards params/optimizer for large drafters
     device: Literal["auto", "cpu", "cuda"] = "auto"  # auto = cuda when available
     precision: Literal["auto", "float32", "bfloat16"] = "auto"  # auto: bf16 autocast on CUDA, fp32 on CPU

@@ -25,9 +25,10 @@ def launch_command(ctx, overrides: dict[str, Any] | None = None) -> list[str]:
         args += ["--out-dir", str(ctx.out_dir)]
     if cfg.nproc_per_node * cfg.nnodes > 1:
         tr = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={cfg.nproc_per_node}"]
-        if cfg.nnodes > 1:
-            tr += [f"--nnodes={cfg.nnodes}", "--rdzv-backend=c10d",
-                   f"--rdzv-endpoint={os.environ.get('EAGLE3_RDZV_ENDPOINT', 'localhost:29400')}"]
+        if cfg.nnodes > 1:  # every node runs this same command; torchrun's rendezvous assigns the ranks
+            endpoint = cfg.rdzv_endpoint or os.environ.get("EAGLE3_RDZV_ENDPOINT", "localhost:29400")
+            tr += [f"--nnodes={cfg.nnodes}", "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}",
+                   f"--rdzv-id={cfg.rdzv_id}"]
         else:
             tr += ["--standalone"]
         return tr + ["--module", *args[1:]]
@@ -69,6 +70,10 @@ def launch(ctx, *, echo=print) -> dict[str, Any]:
         proc.wait()
         raise
     m = read_manifest(ctx.dir) or {}
+    if proc.returncode == 0 and ctx.cfg.nnodes > 1 and m.get("status") != "complete":
+        echo(f"[train] this node's processes finished; rank 0 ran on another node and wrote the results to its "
+             f"{ctx.dir}")  # a RUN_DIR that is not shared between the nodes
+        return m
     if proc.returncode != 0 or m.get("status") != "complete":
         msg = m.get("error") or f"exit code {proc.returncode}"
         raise TrainingError(f"training failed: {msg}\n--- last output lines ---\n" + "\n".join(tail[-30:]))
