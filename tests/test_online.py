@@ -174,6 +174,13 @@ def test_tokens_only_store_refuses_offline_training(runs):
 # --------------------------------------------------------------------------------------------------- vLLM-fed
 
 
+def _cmdline(p: psutil.Process) -> str:
+    try:
+        return " ".join(p.cmdline())
+    except psutil.Error:  # exited meanwhile
+        return ""
+
+
 @pytest.mark.slow
 def test_vllm_fed_online_matches_offline_vllm_within_its_staging_budget(dataset, tmp_path):
     """extract.backend=vllm: the trainer starts its own extraction server; each request's states pass through the
@@ -204,8 +211,8 @@ def test_vllm_fed_online_matches_offline_vllm_within_its_staging_budget(dataset,
 
     def kill_server_after_step_3(rec):  # the generate stage's policy: a server that dies is started again
         if rec["kind"] == "train" and rec["step"] == 3:
-            servers = [p for p in psutil.Process().children(recursive=True)
-                       if "vllm.entrypoints.openai.api_server" in " ".join(p.cmdline())]
+            servers = [p for p in psutil.Process().children(recursive=True)  # this trainer's: its staging folder
+                       if str(scratch) in _cmdline(p)]  # (other tests' vLLM servers may be running)
             leaders = [p for p in servers if p.ppid() not in {q.pid for q in servers}]  # not vLLM's engine process
             assert len(leaders) == 1, servers
             os.killpg(leaders[0].pid, signal.SIGKILL)

@@ -54,8 +54,9 @@ def staged_bytes(n_tokens: int, n_layers: int, hidden_size: int) -> int:
     return n_tokens * (n_layers * hidden_size * 4 + 8) + 4096
 
 
-def read_hidden_file(path: str, timeout_s: float = 600.0) -> dict[str, torch.Tensor]:
-    """Wait for the connector to finish the file (shared lock on `<path>.lock`, or the file appearing), read it, delete it."""
+def read_hidden_file(path: str, timeout_s: float = 600.0, server_died=lambda: False) -> dict[str, torch.Tensor]:
+    """Wait for the connector to finish the file (shared lock on `<path>.lock`, or the file appearing), read it, delete
+    it. A server that dies before writing it never will: `server_died()` ends the wait."""
     from safetensors.torch import load_file
 
     lock = path + ".lock"
@@ -64,6 +65,8 @@ def read_hidden_file(path: str, timeout_s: float = 600.0) -> dict[str, torch.Ten
         with open(lock) as lf:
             fcntl.flock(lf, fcntl.LOCK_SH)  # sleeps until the writer releases LOCK_EX
     while not os.path.exists(path):
+        if server_died():
+            raise ServerError(f"the vLLM server exited before writing the hidden states file {path}")
         if time.time() > deadline:
             raise ServerError(f"vLLM did not write the hidden states file {path} within {timeout_s:.0f} s")
         time.sleep(0.01)
@@ -192,7 +195,7 @@ class VLLMExtractor:
         if not path:
             raise ServerError(f"sample {sample.id!r}: vLLM returned no kv_transfer_params.hidden_states_path "
                               "(is the extract_hidden_states speculative method active?)")
-        data = read_hidden_file(path, self.request_timeout_s)
+        data = read_hidden_file(path, self.request_timeout_s, self.server_died)
         hs, tok = data["hidden_states"], data["token_ids"]
         if tok.shape[0] != len(ids) or not torch.equal(tok.long(), torch.as_tensor(ids, dtype=torch.long)):
             raise ServerError(f"sample {sample.id!r}: the hidden states vLLM wrote are for other tokens "
