@@ -133,11 +133,7 @@ class VLLMExtractor:
 
     def restart(self) -> None:
         """Start the server again after it died (same port and settings); files of the lost requests are dropped."""
-        if self.client is not None:
-            self.client.close()
-            self.client = None
-        self.server.stop()
-        shutil.rmtree(self.storage, ignore_errors=True)
+        self.close()
         self.storage.mkdir(parents=True)
         self.start()
 
