@@ -208,3 +208,33 @@ def test_kill_at_a_random_moment_then_resume(tmp_path):
     second = _run(_writer_script(tmp_path, n, 7, "none"))
     assert second.returncode == 0, second.stderr
     _check_complete(tmp_path, n)
+
+
+def test_rank_writers_share_one_store_and_the_merge_lists_each_shard_once(tmp_path):
+    """Two ranks writing at the same time (interleaved here) never share a file; a reader sees the union at any
+    moment; repair_store merges the rank indexes into index.jsonl; a later writer skips every rank's samples."""
+    from eagle3lib.data.store_index import repair_store
+
+    samples = [make_sample(i, H) for i in range(14)]
+    HiddenStateWriter(tmp_path, META, samples_per_shard=3).close()  # rank 0's lone writer creates the store
+    w0 = HiddenStateWriter(tmp_path, META, samples_per_shard=3, rank=0)
+    w1 = HiddenStateWriter(tmp_path, META, samples_per_shard=3, rank=1)
+    for i, s in enumerate(samples):
+        (w0 if i % 2 == 0 else w1).add(s)
+    w0.close()
+    w1.close()
+    names = sorted(p.name for p in (tmp_path / "shards").iterdir())
+    assert names == [f"shard-r0000{r}-0000{k}.safetensors" for r in (0, 1) for k in (0, 1, 2)]
+    assert sorted(p.name for p in tmp_path.glob("index*.jsonl")) == ["index-r00000.jsonl", "index-r00001.jsonl"]
+    before = HiddenStateReader(tmp_path)  # unmerged: the union of the rank indexes
+    assert sorted(before.ids) == sorted(s.sample_id for s in samples)
+    (tmp_path / "index-r00001.jsonl").open("a").write('{"shard": "shard-r0000')  # a torn line of a killed rank
+    assert repair_store(tmp_path) == []
+    assert sorted(p.name for p in tmp_path.glob("index*.jsonl")) == ["index.jsonl"]
+    assert len((tmp_path / "index.jsonl").read_text().splitlines()) == 6
+    r = HiddenStateReader(tmp_path)
+    assert r.ids == before.ids and all(_same(r[r.ids.index(s.sample_id)], s) for s in samples)
+    with pytest.raises(StoreError, match="rank 0 creates"):
+        HiddenStateWriter(tmp_path / "new", META, rank=1)
+    w = HiddenStateWriter(tmp_path, META, samples_per_shard=3, rank=3)  # another world size: sees every sample done
+    assert w.done_ids == {s.sample_id for s in samples}

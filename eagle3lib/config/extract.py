@@ -6,10 +6,13 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from eagle3lib.config.base import StageConfig
+from eagle3lib.config.launch import TorchrunConfig
 
 
-class ExtractConfig(StageConfig):
+class ExtractConfig(TorchrunConfig):
+    # nproc_per_node, nnodes, rdzv_endpoint, rdzv_id (eagle3lib/config/launch.py): > 1 process splits the samples by id
+    # across torchrun ranks, each writing its own shards into the one store (hf: a GPU per rank; vllm: a server per
+    # rank with verifier.tensor_parallel_size GPUs)
     # --- input
     source: str = "generate"  # "generate" = the generate stage's ok responses in this run; or a dataset path / builtin:... (prefill-only)
     max_samples: int | None = Field(None, ge=1)  # cap on conversations read (in source order); None = all

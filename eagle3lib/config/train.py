@@ -6,10 +6,10 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from eagle3lib.config.base import StageConfig
+from eagle3lib.config.launch import TorchrunConfig
 
 
-class TrainConfig(StageConfig):
+class TrainConfig(TorchrunConfig):
     # --- drafter architecture (written to the checkpoint's config.json; a resume with other values is an error)
     num_layers: int = Field(1, ge=1)  # decoder layers in the drafter; EAGLE-3 uses 1 (vLLM loads more, layer 0 takes 2H inputs)
     drafter_layer: Literal["auto", "llama", "mla"] = "auto"  # the drafter's attention: llama (q/k/v, GQA; the
@@ -75,11 +75,7 @@ class TrainConfig(StageConfig):
     seed: int = 0  # init, data order and validation split
 
     # --- hardware
-    nproc_per_node: int = Field(1, ge=1)  # processes (GPUs) per node; > 1 launches torchrun
-    nnodes: int = Field(1, ge=1)  # nodes for multi-node torchrun (launch the same command on each node)
-    rdzv_endpoint: str | None = None  # nnodes > 1: host:port of torchrun's c10d rendezvous, reachable from every node
-    # (usually node 0's address); None = $EAGLE3_RDZV_ENDPOINT, else localhost:29400
-    rdzv_id: str = "eagle3"  # nnodes > 1: the rendezvous' job id; agents with the same id and endpoint form one job
+    # nproc_per_node, nnodes, rdzv_endpoint, rdzv_id: eagle3lib/config/launch.py
     distributed: Literal["ddp", "fsdp"] = "ddp"  # FSDP2 (fully_shard) shards params/optimizer for large drafters
     device: Literal["auto", "cpu", "cuda"] = "auto"  # auto = cuda when available
     precision: Literal["auto", "float32", "bfloat16"] = "auto"  # auto: bf16 autocast on CUDA, fp32 on CPU

@@ -5,7 +5,9 @@ Layout of a store folder (the extract stage uses RUN_DIR/extract/):
                                 aux_layer_ids, dtype, format), written once when the store is created
   index.jsonl                   one line per complete shard: {"shard", "ids", "lengths", "loss_tokens", "bytes"};
                                 append-only, a torn last line is ignored
-  shards/shard-NNNNN.safetensors  many samples each, their tokens concatenated along dim 0:
+  index-rRRRRR.jsonl            the same, appended by extraction rank R of a multi-process run (below)
+  shards/shard-NNNNN.safetensors  many samples each, their tokens concatenated along dim 0 (shard-rRRRRR-NNNNN from
+                                rank R of a multi-process run):
       input_ids    int32 [N]           token ids
       loss_mask    bool  [N]           True on assistant tokens
       aux_hidden   [N, 3, H]           hidden states entering the 3 EAGLE-3 feature layers (bf16, fp32 or fp8 e4m3)
@@ -13,6 +15,12 @@ Layout of a store folder (the extract stage uses RUN_DIR/extract/):
       aux_scale    f32 [N, 3]          fp8 only: per-token, per-layer dequantisation scale
       final_scale  f32 [N]             fp8 only: per-token dequantisation scale
     and in the safetensors header metadata: "ids" and "lengths" (JSON lists), so a shard describes itself.
+
+Several writers (torchrun ranks, on one node or many, over a shared folder): rank R owns the shards named
+shard-rRRRRR-* and its own index-rRRRRR.jsonl, so no two processes ever write the same file; every reader takes the
+union of index.jsonl and the rank indexes (keyed by shard name, so a shard listed twice counts once). Repairs (damaged
+shards, temporary files, a torn index) and `merge_index`, which folds the rank indexes into index.jsonl atomically,
+run in one process while no rank writes (the extract stage: rank 0, between barriers).
 
 Crash safety: a shard is written to a temporary name, fsynced and renamed, then listed in index.jsonl. A reader only
 ever opens renamed (complete) shards; a shard that was renamed but not yet indexed (a kill between the two steps) is
@@ -29,7 +37,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,22 +44,28 @@ from typing import Any
 
 import torch
 
-from eagle3lib.core.atomic import write_error, write_json_atomic, write_text_atomic
+from eagle3lib.core.atomic import write_error, write_json_atomic
+from eagle3lib.data.store_index import (  # noqa: F401  (StoreError, STORE_META, read_store_meta: re-exported)
+    DAMAGED_HINT,
+    FORMAT,
+    SHARDS_DIR,
+    STORE_META,
+    StoreError,
+    fsync_dir,
+    index_name,
+    read_index,
+    read_store_meta,
+    repair_store,
+    shard_name,
+    shard_order,
+    store_totals,
+)
 
-FORMAT = "eagle3lib-hidden-v1"
-STORE_META = "store.json"
-INDEX = "index.jsonl"
-SHARDS_DIR = "shards"
-SHARD_RE = re.compile(r"^shard-(\d{5,})\.safetensors$")
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float8_e4m3fn": torch.float8_e4m3fn,
           "none": None}  # none: tokens only, the states are computed during training (online)
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
 META_KEYS = ("verifier", "hidden_size", "vocab_size", "num_layers", "aux_layer_ids")  # must match on resume (and
 # dtype, format, and max_sample_tokens when both the store and the writer state it)
-
-
-class StoreError(ValueError):
-    """A hidden-state store is missing, inconsistent, or does not match what is being written."""
 
 
 @dataclass
@@ -103,75 +116,6 @@ def as_stored(x: torch.Tensor, dtype: str) -> torch.Tensor:
     return x.to(torch.bfloat16)
 
 
-# ------------------------------------------------------------------------------------------------------ index scan
-
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-DAMAGED_HINT = "delete it and run the extract stage again: it extracts the samples of a missing shard again"
-
-
-def _shard_header(path: Path) -> dict[str, Any]:
-    from safetensors import safe_open
-
-    try:
-        with safe_open(str(path), framework="pt") as f:
-            md = f.metadata() or {}
-    except Exception as e:  # SafetensorError (truncated, overwritten), OSError
-        raise StoreError(f"{path}: damaged hidden-state shard ({type(e).__name__}: {e}); {DAMAGED_HINT}") from None
-    if md.get("format") != FORMAT:
-        raise StoreError(f"{path}: not an eagle3lib hidden-state shard (format {md.get('format')!r})")
-    return {"shard": path.name, "ids": json.loads(md["ids"]), "lengths": json.loads(md["lengths"]),
-            "loss_tokens": int(md.get("loss_tokens", 0)), "bytes": path.stat().st_size}
-
-
-def _read_index(root: Path, strict: bool = True) -> dict[str, dict[str, Any]]:
-    """Shard name -> index entry, from index.jsonl (a torn last line ignored) and any complete shard not yet indexed.
-    strict=False (the writer): an unindexed shard that does not read is left for `_set_aside_damaged`."""
-    entries: dict[str, dict[str, Any]] = {}
-    index = root / INDEX
-    if index.exists():
-        for line in index.read_text(encoding="utf-8").splitlines():
-            try:
-                e = json.loads(line)
-            except json.JSONDecodeError:
-                continue  # torn last line of a killed writer
-            if isinstance(e, dict) and "shard" in e:
-                entries[e["shard"]] = e
-    shard_dir = root / SHARDS_DIR
-    if shard_dir.is_dir():
-        for p in shard_dir.iterdir():
-            if SHARD_RE.match(p.name) and p.name not in entries:
-                try:
-                    entries[p.name] = _shard_header(p)  # renamed but not indexed: killed between the two steps
-                except StoreError:
-                    if strict:
-                        raise
-                    entries[p.name] = {"shard": p.name, "ids": [], "lengths": [], "loss_tokens": 0, "bytes": -1}
-    return dict(sorted(entries.items(), key=lambda kv: int(SHARD_RE.match(kv[0]).group(1))))
-
-
-def read_store_meta(root: str | Path) -> dict[str, Any]:
-    path = Path(root) / STORE_META
-    if not path.exists():
-        raise StoreError(f"{path}: no hidden-state store here (run the extract stage first)")
-    try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise StoreError(f"{path}: not valid JSON ({e})") from e
-
-
 # ---------------------------------------------------------------------------------------------------------- writer
 
 
@@ -181,10 +125,11 @@ class HiddenStateWriter:
     Resume-aware: opening a folder that already holds a store with the same verifier/layers/dtype continues it;
     `writer.done_ids` are the samples already stored (complete shards only), and adding one of them again raises.
     Samples still buffered when the process dies are lost and simply extracted again on the next run.
+    `rank`: one of several concurrent writers (its own shard names and index file; no repairs, see the module doc).
     """
 
     def __init__(self, out_dir: str | Path, meta: dict[str, Any], samples_per_shard: int = 256,
-                 dtype: str = "bfloat16", max_shard_bytes: int | None = None):
+                 dtype: str = "bfloat16", max_shard_bytes: int | None = None, rank: int | None = None):
         if dtype not in DTYPES:
             raise StoreError(f"hidden-state dtype {dtype!r} not supported (choose one of {', '.join(DTYPES)})")
         if samples_per_shard < 1:
@@ -201,15 +146,16 @@ class HiddenStateWriter:
         self.meta = {**meta, "dtype": dtype, "format": FORMAT}
         self.hidden_size = int(self.meta["hidden_size"])
         self.n_aux = len(self.meta["aux_layer_ids"])
+        self.rank = rank
         self._init_meta()
-        for p in self.shard_dir.iterdir():  # temporary files of a killed writer
-            if p.name.startswith(".") and p.name.endswith(".tmp"):
-                p.unlink(missing_ok=True)
-        self.entries = _read_index(self.root, strict=False)
-        self.damaged: list[str] = self._set_aside_damaged()  # their samples are extracted again
-        self._repair_index()
-        self.done_ids: set[str] = {i for e in self.entries.values() for i in e["ids"]}
-        self._next = 1 + max((int(SHARD_RE.match(n).group(1)) for n in self.entries), default=-1)
+        if rank is None:  # the lone writer repairs; ranks find the store repaired by rank 0's lone writer
+            self.damaged: list[str] = repair_store(self.root)  # their samples are extracted again
+        else:
+            self.damaged = []
+        self.entries = read_index(self.root, strict=rank is None)
+        self.done_ids: set[str] = {i for e in self.entries.values() for i in e["ids"]}  # every rank's, any world size
+        own = [shard_order(n)[1] for n in self.entries if shard_order(n)[0] == (-1 if rank is None else rank)]
+        self._next = 1 + max(own, default=-1)
         self._buf: list[HiddenSample] = []
         self._buf_ids: set[str] = set()
         self._buf_bytes = 0
@@ -229,33 +175,11 @@ class HiddenStateWriter:
                 raise StoreError(f"{self.root} already holds hidden states extracted differently ({'; '.join(diffs)}); "
                                  "use a new run directory or delete the old store")
             self.meta = {**old, **self.meta}
+            if self.rank is not None:
+                return  # written by rank 0 before the ranks start
+        elif self.rank is not None:
+            raise StoreError(f"{path} missing: rank 0 creates the store before the other ranks write")
         write_json_atomic(path, self.meta)
-
-    def _repair_index(self) -> None:
-        """Rewrite index.jsonl from the scan when it lacks shards or ends in a torn line, so appends stay clean."""
-        index = self.root / INDEX
-        text = index.read_text(encoding="utf-8") if index.exists() else ""
-        if text.count("\n") != len(self.entries) or (text and not text.endswith("\n")):
-            write_text_atomic(index, "".join(json.dumps(e) + "\n" for e in self.entries.values()))
-
-    def _set_aside_damaged(self) -> list[str]:
-        """Shards listed but missing, cut short or unreadable are moved to shards/.damaged-NAME and dropped from the
-        index, so a resumed run extracts their samples again instead of trusting them (and says so)."""
-        damaged = []
-        for name, e in list(self.entries.items()):
-            path = self.shard_dir / name
-            ok = path.exists() and path.stat().st_size == e.get("bytes", -1)
-            if ok:
-                try:
-                    _shard_header(path)
-                except StoreError:
-                    ok = False
-            if not ok:
-                if path.exists():
-                    os.replace(path, self.shard_dir / f".damaged-{name}")
-                del self.entries[name]
-                damaged.append(name)
-        return damaged
 
     # -- adding samples
     def __contains__(self, sample_id: str) -> bool:
@@ -312,7 +236,7 @@ class HiddenStateWriter:
         tensors.update(input_ids=input_ids, loss_mask=loss_mask)
         tensors = {k: v.contiguous() for k, v in tensors.items()}
         loss_tokens = int(loss_mask.sum())
-        name = f"shard-{self._next:05d}.safetensors"
+        name = shard_name(self.rank, self._next)
         md = {"format": FORMAT, "ids": json.dumps(ids), "lengths": json.dumps(lengths), "loss_tokens": str(loss_tokens)}
         final_path = self.shard_dir / name
         tmp = self.shard_dir / f".{name}.{os.getpid()}.tmp"
@@ -329,10 +253,10 @@ class HiddenStateWriter:
         except BaseException:
             tmp.unlink(missing_ok=True)
             raise
-        _fsync_dir(self.shard_dir)
+        fsync_dir(self.shard_dir)
         entry = {"shard": name, "ids": ids, "lengths": lengths, "loss_tokens": loss_tokens,
                  "bytes": final_path.stat().st_size}
-        with open(self.root / INDEX, "a", encoding="utf-8") as f:
+        with open(self.root / index_name(self.rank), "a", encoding="utf-8") as f:
             f.write(json.dumps(entry) + "\n")
             f.flush()
             os.fsync(f.fileno())
@@ -356,9 +280,7 @@ class HiddenStateWriter:
 
     # -- totals over the whole store (resumed shards included)
     def totals(self) -> dict[str, int]:
-        e = list(self.entries.values())
-        return {"samples": sum(len(x["ids"]) for x in e), "tokens": sum(sum(x["lengths"]) for x in e),
-                "loss_tokens": sum(x["loss_tokens"] for x in e), "bytes": sum(x["bytes"] for x in e), "shards": len(e)}
+        return store_totals(self.entries)
 
 
 # ---------------------------------------------------------------------------------------------------------- reader
@@ -376,7 +298,7 @@ class HiddenStateReader:
         self.meta: dict[str, Any] = read_store_meta(self.root)
         if self.meta.get("format") != FORMAT:
             raise StoreError(f"{self.root / STORE_META}: unknown store format {self.meta.get('format')!r}")
-        self.entries = list(_read_index(self.root).values())
+        self.entries = list(read_index(self.root).values())
         self.ids: list[str] = []
         self.lengths: list[int] = []
         self._loc: list[tuple[int, int]] = []  # per sample: (shard number in self.entries, token offset)

@@ -10,11 +10,22 @@ Both give the same tensors within dtype tolerance (tests/test_extract_backends.p
 
 Before starting it prints the disk estimate (tokens x bytes per token) and refuses if the output disk lacks room.
 Re-running resumes after the last complete shard: samples already stored are not extracted again.
+
+Several processes (extract.nproc_per_node x nnodes > 1; or `python -m torch.distributed.run ... -m
+eagle3lib.stages.extract --profile P --run-dir R`): every rank tokenizes the same samples, takes the ones whose id
+hashes to it (`eagle3lib.core.ranks.owner`: no overlap, none left out, at any world size) among those not yet stored,
+and writes its own shards and index into the one store (eagle3lib/data/store_index.py). Rank 0 repairs the store
+before the others start and merges the indexes when all are done; the manifest is rank 0's, its figures summed over
+the ranks, with a row per rank. A killed rank's complete shards stay: the next run, at any world size, skips them.
 """
 
 from __future__ import annotations
 
+import argparse
+import json
+import os
 import shutil
+import socket
 import sys
 import time
 from pathlib import Path
@@ -22,7 +33,9 @@ from typing import Any
 
 import torch
 
+from eagle3lib.core import ranks
 from eagle3lib.core.manifest import StageTimer, read_manifest
+from eagle3lib.core.torchrun import run_streamed, torchrun_command, torchrun_env
 from eagle3lib.data.chat_tokens import ChatTokenizer, Tokenized, TokenizeStats
 from eagle3lib.data.datasets import Conversation, DatasetError, load_conversations
 from eagle3lib.data.hidden_store import (
@@ -31,6 +44,7 @@ from eagle3lib.data.hidden_store import (
     bytes_per_token,
 )
 from eagle3lib.data.records import ReadStats, iter_generated
+from eagle3lib.data.store_index import read_index, repair_store, store_totals
 from eagle3lib.model.verifier import describe_model, load_tokenizer, resolve_model, verifier_facts
 
 GIB = 1024**3
@@ -45,7 +59,8 @@ class InsufficientDiskError(ExtractError):
 
 
 def _say(msg: str) -> None:
-    print(f"[extract] {msg}", file=sys.stderr, flush=True)
+    tag = f"[extract r{ranks.rank()}]" if ranks.world() > 1 else "[extract]"
+    print(f"{tag} {msg}", file=sys.stderr, flush=True)
 
 
 # ----------------------------------------------------------------------------------------------------------- input
@@ -113,7 +128,8 @@ def extract(cfg: Any, vcfg: Any, out_dir: str | Path, gen_dir: str | Path | None
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    timer = StageTimer(out_dir, manifest_params or {"extract": cfg.model_dump(mode="json")})
+    rank, world = ranks.rank(), ranks.world()
+    timer = StageTimer(out_dir, manifest_params or {"extract": cfg.model_dump(mode="json")}) if rank == 0 else None
     model_path = resolve_model(vcfg.model)
     facts = _verifier_facts(model_path, vcfg)
     L, H, aux = facts["num_layers"], facts["hidden_size"], facts["aux_layer_ids"]
@@ -150,20 +166,31 @@ def extract(cfg: Any, vcfg: Any, out_dir: str | Path, gen_dir: str | Path | None
             "max_sample_tokens": cfg.max_sample_tokens}
     store_dtype = cfg.dtype if hidden_states == "offline" else "none"
     meta["hidden_states"] = hidden_states
-    writer = HiddenStateWriter(out_dir, meta, samples_per_shard=cfg.samples_per_shard, dtype=store_dtype,
-                               max_shard_bytes=cfg.max_shard_bytes)
-    if writer.damaged:
-        _say(f"{len(writer.damaged)} damaged shard(s) set aside as shards/.damaged-*: {', '.join(writer.damaged)}; "
-             "their samples are extracted again")
-    todo = [s for s in samples if s.id not in writer.done_ids]
-    resumed = len(samples) - len(todo)
-    todo_tokens = sum(len(s) for s in todo)
+    def open_writer(rank_of_writer: int | None) -> HiddenStateWriter:
+        return HiddenStateWriter(out_dir, meta, samples_per_shard=cfg.samples_per_shard, dtype=store_dtype,
+                                 max_shard_bytes=cfg.max_shard_bytes, rank=rank_of_writer)
+
     bpt = bytes_per_token(H, store_dtype, len(aux))
+    damaged: list[str] = []
+    disk: dict[str, Any] = {}
+    if rank == 0:  # the lone writer creates or repairs the store (and checks the disk for all) before any rank writes
+        lone = open_writer(None)
+        damaged = lone.damaged
+        if damaged:
+            _say(f"{len(damaged)} damaged shard(s) set aside as shards/.damaged-*: {', '.join(damaged)}; "
+                 "their samples are extracted again")
+        disk = check_disk(out_dir, sum(len(s) for s in samples if s.id not in lone.done_ids), bpt, cfg.disk_margin_gib)
+    ranks.barrier()
+    writer = open_writer(None) if world == 1 else open_writer(rank)
+    missing = [s for s in samples if s.id not in writer.done_ids]
+    resumed = len(samples) - len(missing)
+    todo = [s for s in missing if ranks.owner(s.id, world) == rank] if world > 1 else missing
+    todo_tokens = sum(len(s) for s in todo)
     _say(f"{len(samples):,} samples ({tstats.tokens:,} tokens, {tstats.loss_tokens:,} loss tokens) from {desc}; "
          f"{resumed:,} already stored, {len(todo):,} to " + (
              f"extract ({todo_tokens:,} tokens) with backend {cfg.backend}" if store_dtype != "none" else
-             f"store as tokens only (train.hidden_states={hidden_states}: the trainer computes the states)"))
-    disk = check_disk(out_dir, todo_tokens, bpt, cfg.disk_margin_gib)
+             f"store as tokens only (train.hidden_states={hidden_states}: the trainer computes the states)")
+         + (f" by this rank of {world}" if world > 1 else ""))
 
     figures_run: dict[str, Any] = {}
     t_run = time.time()
@@ -183,9 +210,21 @@ def extract(cfg: Any, vcfg: Any, out_dir: str | Path, gen_dir: str | Path | None
     writer.close()
     wall = time.time() - t_run
     loop_s = figures_run.pop("loop_s", wall)
-
-    tot = writer.totals()
-    this_tokens = writer.written_tokens
+    mine = {"rank": rank, "host": socket.gethostname(), "samples_this_run": writer.written_samples,
+            "tokens_this_run": writer.written_tokens, "wall_s": round(wall, 2), "loop_s": round(loop_s, 2),
+            "tokens_per_s": round(writer.written_tokens / loop_s, 1) if loop_s > 0 else 0.0, **figures_run}
+    per_rank = ranks.gather_objects(mine)  # also the barrier: every rank's shards are complete after it
+    if rank != 0:
+        return {"figures": mine, "outputs": {}, "out_dir": out_dir}
+    if world > 1:
+        repair_store(out_dir)  # merge the rank indexes into index.jsonl, atomically
+        _say("merged the index: " + "; ".join(f"rank {f['rank']} ({f['host']}) {f['samples_this_run']} samples, "
+                                             f"{f['tokens_per_s']:,} tokens/s" for f in per_rank))
+    tot = store_totals(read_index(out_dir))
+    this_samples = sum(f["samples_this_run"] for f in per_rank)
+    this_tokens = sum(f["tokens_this_run"] for f in per_rank)
+    loop_s = max(f["loop_s"] for f in per_rank)  # the ranks run side by side: the slowest one sets the pace
+    wall = max(f["wall_s"] for f in per_rank)
     figures = {
         "verifier": describe_model(vcfg.model),
         "aux_layer_ids": aux,
@@ -201,7 +240,7 @@ def extract(cfg: Any, vcfg: Any, out_dir: str | Path, gen_dir: str | Path | None
         "bytes": tot["bytes"],
         "bytes_per_token": round(tot["bytes"] / max(1, tot["tokens"]), 1),
         "wall_s": round(wall, 2),  # this run's extraction, setup (model load / server start) included
-        "samples_per_s": round(writer.written_samples / loop_s, 3) if loop_s > 0 else 0.0,  # steady state: setup excluded
+        "samples_per_s": round(this_samples / loop_s, 3) if loop_s > 0 else 0.0,  # steady state: setup excluded
         "tokens_per_s": round(this_tokens / loop_s, 1) if loop_s > 0 else 0.0,
         "backend": cfg.backend,
         "skipped_no_assistant": tstats.skipped_no_assistant,
@@ -212,19 +251,22 @@ def extract(cfg: Any, vcfg: Any, out_dir: str | Path, gen_dir: str | Path | None
         "input_conversations": tstats.conversations,
         "bad_samples": tstats.bad_samples,
         "duplicate_ids": tstats.duplicate_ids,
-        "samples_this_run": writer.written_samples,
+        "samples_this_run": this_samples,
         "tokens_this_run": this_tokens,
         "resumed_samples": resumed,
         "generate_lines_unreadable": read.torn_lines,  # torn generate records skipped (named on the console)
-        "damaged_shards_redone": len(writer.damaged),  # shards set aside on resume, their samples extracted again
+        "damaged_shards_redone": len(damaged),  # shards set aside on resume, their samples extracted again
         "max_sample_tokens": cfg.max_sample_tokens,
         "tokenize_s": round(tokenize_s, 2),
         "setup_s": round(wall - loop_s, 2),
-        "num_gpus": num_gpus(cfg, vcfg),
+        "num_gpus": num_gpus(cfg, vcfg) * world,
         "estimated_bytes": disk["estimated_bytes"],
+        "world_size": world,  # extraction processes (torchrun ranks); 1 = this process alone
         **figures_run,
     }
-    if writer.written_samples == 0:  # nothing left to do: keep the throughput the previous run measured
+    if world > 1:
+        figures["ranks"] = per_rank  # per rank: host, samples and tokens this run, tokens/s (the totals above sum them)
+    if this_samples == 0:  # nothing left to do: keep the throughput the previous run measured
         prev = (read_manifest(out_dir) or {}).get("figures") or {}
         for k in ("samples_per_s", "tokens_per_s", "wall_s", "setup_s"):
             if prev.get(k):
@@ -253,7 +295,8 @@ def _extract(cfg, vcfg, model_path, facts, out_dir, todo, todo_tokens, writer, h
     from eagle3lib.core.progress import progress_bar
 
     aux = facts["aux_layer_ids"]
-    bar = progress_bar(total=todo_tokens, unit="tok", unit_scale=True, desc="extract", mininterval=3.0, disable=not cfg.progress,
+    bar = progress_bar(total=todo_tokens, unit="tok", unit_scale=True, desc="extract", mininterval=3.0,
+                       disable=not cfg.progress or ranks.rank() != 0,
                file=sys.stderr)
     extra: dict[str, Any] = {}
     old_threads = torch.get_num_threads()
@@ -288,7 +331,10 @@ def _extract(cfg, vcfg, model_path, facts, out_dir, todo, todo_tokens, writer, h
             t0 = time.time()
             dtype = hf_compute_dtype(cfg, vcfg)
             extra["hf_dtype"] = dtype
-            ex = HFExtractor(model_path, aux, dtype=dtype, device=cfg.device, device_map=cfg.device_map,
+            device = cfg.device
+            if ranks.world() > 1 and device == "auto" and torch.cuda.is_available():
+                device = f"cuda:{ranks.local_rank() % torch.cuda.device_count()}"  # a GPU per rank
+            ex = HFExtractor(model_path, aux, dtype=dtype, device=device, device_map=cfg.device_map,
                              trust_remote_code=vcfg.trust_remote_code, batch_tokens=cfg.batch_tokens, model=hf_model)
             extra["model_load_s"] = round(time.time() - t0, 2)
             extra["device"] = str(ex.input_device)
@@ -299,7 +345,14 @@ def _extract(cfg, vcfg, model_path, facts, out_dir, todo, todo_tokens, writer, h
         else:
             from eagle3lib.vllm.hidden_states import VLLMExtractor
 
-            ex = VLLMExtractor(model_path, vcfg, aux, facts["num_layers"], out_dir, cfg.max_sample_tokens,
+            work_dir = out_dir
+            if ranks.world() > 1:  # a server per rank: its own log and staging folder, its own slice of the node's GPUs
+                work_dir = out_dir / "ranks" / f"rank-{ranks.rank():05d}"
+                if torch.cuda.is_available():
+                    tp = int(vcfg.tensor_parallel_size)
+                    first = ranks.local_rank() * tp
+                    os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(str(first + i) for i in range(tp))
+            ex = VLLMExtractor(model_path, vcfg, aux, facts["num_layers"], work_dir, cfg.max_sample_tokens,
                                concurrency=cfg.concurrency, request_timeout_s=cfg.request_timeout_s,
                                extra_args=cfg.vllm_args, max_position_embeddings=facts["max_position_embeddings"])
             with ex:
@@ -320,8 +373,54 @@ def num_gpus(cfg: Any, vcfg: Any) -> int:
     return 1
 
 
-def run(ctx) -> dict[str, Any]:
+def run(ctx, *, echo=print) -> dict[str, Any]:
     """Notebook / runner entry point: RUN_DIR/extract/ from the profile's `extract` and `verifier` sections (and
-    train.hidden_states: whether the states are stored here or computed by the trainer)."""
-    return extract(ctx.cfg, ctx.verifier, ctx.dir, ctx.stage_dir("generate"), ctx.manifest_params(),
-                   hidden_states=ctx.profile.section("train").hidden_states)
+    train.hidden_states: whether the states are stored here or computed by the trainer). In this process, or under
+    torchrun when extract.nproc_per_node x nnodes > 1."""
+    cfg = ctx.cfg
+    if cfg.nproc_per_node * cfg.nnodes == 1:
+        return extract(cfg, ctx.verifier, ctx.dir, ctx.stage_dir("generate"), ctx.manifest_params(),
+                       hidden_states=ctx.profile.section("train").hidden_states)
+    args = ["--profile", str(ctx.profile.path), "--run-dir", str(ctx.run_dir),
+            "--overrides-json", json.dumps(ctx.profile.overrides)]
+    ctx.dir.mkdir(parents=True, exist_ok=True)  # the processes start in it (not the repository: see training/launch.py)
+    code, tail = run_streamed(torchrun_command(cfg, "eagle3lib.stages.extract", args), str(ctx.dir),
+                              torchrun_env(cfg.nproc_per_node), lambda line: line.startswith("[extract"), echo)
+    m = read_manifest(ctx.dir) or {}
+    if code == 0 and cfg.nnodes > 1 and m.get("status") != "complete":
+        echo(f"[extract] this node's ranks finished; rank 0 ran on another node and wrote the manifest to its {ctx.dir}")
+        return {"figures": {}, "outputs": {}, "out_dir": ctx.dir}
+    if code != 0 or m.get("status") != "complete":
+        raise ExtractError(f"extraction failed (exit code {code}): {m.get('error') or ''}\n--- last output lines ---\n"
+                           + "\n".join(tail[-30:]))
+    return {"figures": m["figures"], "outputs": m["outputs"], "out_dir": ctx.dir}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """One extraction process (what torchrun starts, once per rank)."""
+    from eagle3lib.config.profile import parse_set
+    from eagle3lib.config.stages import open_stage
+
+    ap = argparse.ArgumentParser(prog="python -m eagle3lib.stages.extract", description="Extract hidden states (one rank).")
+    ap.add_argument("--profile", default="tiny")
+    ap.add_argument("--run-dir", required=True)
+    ap.add_argument("--set", action="append", dest="sets", default=[], metavar="SECTION.KEY=VALUE")
+    ap.add_argument("--overrides-json", default="{}")
+    a = ap.parse_args(argv)
+    ctx = open_stage("extract", a.profile, a.run_dir, {**json.loads(a.overrides_json), **parse_set(a.sets)})
+    with ranks.process_group(torch.device("cpu")):  # gloo: barriers and the per-rank figures only, never tensors
+        try:
+            extract(ctx.cfg, ctx.verifier, ctx.dir, ctx.stage_dir("generate"), ctx.manifest_params(),
+                    hidden_states=ctx.profile.section("train").hidden_states)
+        except ExtractError as e:
+            _say(f"error: {e}")
+            if ranks.rank() == 0:
+                from eagle3lib.core.manifest import update_manifest
+
+                update_manifest(ctx.dir, status="failed", error=f"{type(e).__name__}: {e}")
+            return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -7,35 +7,13 @@ any number of them, and the saved file is the same as a single process would wri
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from typing import Any
 
 import torch
 
-
-def group():
-    """The default process group's module, or None when this process runs alone."""
-    import torch.distributed as dist
-
-    return dist if dist.is_available() and dist.is_initialized() else None
-
-
-def rank() -> int:
-    d = group()
-    return d.get_rank() if d else 0
-
-
-def world() -> int:
-    d = group()
-    return d.get_world_size() if d else 1
-
-
-def barrier() -> None:
-    d = group()
-    if d:
-        d.barrier()
+from eagle3lib.core.ranks import barrier, group, process_group, rank, world  # noqa: F401  (the loop's dist.* calls)
 
 
 def all_reduce_(t: torch.Tensor, op: str = "sum") -> torch.Tensor:
@@ -44,24 +22,6 @@ def all_reduce_(t: torch.Tensor, op: str = "sum") -> torch.Tensor:
     if d and d.get_world_size() > 1:
         d.all_reduce(t, op={"sum": d.ReduceOp.SUM, "max": d.ReduceOp.MAX}[op])
     return t
-
-
-@contextmanager
-def process_group(device: torch.device) -> Iterator[None]:
-    """Join torchrun's group for the duration (when WORLD_SIZE > 1 and no group exists yet)."""
-    if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or group() is not None:
-        yield
-        return
-    import torch.distributed as dist
-
-    backend = "nccl" if device.type == "cuda" else "gloo"
-    if backend == "nccl":
-        torch.cuda.set_device(device)
-    dist.init_process_group(backend=backend)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 def wrap(module: torch.nn.Module, layers: torch.nn.ModuleList, strategy: str, device: torch.device) -> torch.nn.Module:
