@@ -217,7 +217,8 @@ def test_bad_inputs_are_clear_errors(tmp_path, tiny_verifier):
 
 
 def test_notebook_runs_headless(tmp_path, tiny_verifier):
-    """The notebook's wiring: papermill with a prefill-only dataset source; the manifest is what the library wrote."""
+    """The notebook's wiring: papermill with a prefill-only dataset source and 2 torchrun ranks; the manifest is what the
+    library wrote."""
     import papermill as pm
 
     from eagle3lib.core.paths import NOTEBOOKS_DIR
@@ -227,7 +228,12 @@ def test_notebook_runs_headless(tmp_path, tiny_verifier):
     run = tmp_path / "run"
     pm.execute_notebook(str(NOTEBOOKS_DIR / "02_extract.ipynb"), str(tmp_path / "out.ipynb"), kernel_name="python3",
                         parameters={"profile": "tiny", "run_dir": str(run),
-                                    "overrides": {"extract.source": str(data), "extract.progress": False}},
+                                    "overrides": {"extract.source": str(data), "extract.progress": False,
+                                                  "extract.nproc_per_node": 2}},
                         progress_bar=False, cwd=str(tmp_path))
     m = read_manifest(run / "extract")
     assert m["status"] == "complete" and m["figures"]["samples"] == 6 and m["params"]["extract"]["source"] == str(data)
+    # two torchrun ranks: the notebook shows a row per rank
+    out = json.loads((tmp_path / "out.ipynb").read_text())
+    shown = "".join("".join(o.get("data", {}).get("text/html", "")) for c in out["cells"] for o in c.get("outputs", []))
+    assert m["figures"]["world_size"] == 2 and "<th>rank</th>" in shown and "tokens_per_s" in shown

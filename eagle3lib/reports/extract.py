@@ -69,3 +69,15 @@ def norms_plot(summary: dict[str, Any]):
            title=f"hidden-state norms per layer, sample {summary['id']}")
     ax.legend(fontsize=8, ncol=5)
     return fig
+
+
+def ranks_table(figures: dict[str, Any]):
+    """A row per extraction rank of a multi-process run (host, samples and tokens this run, tokens/s), or None for a
+    single process. The manifest's totals sum these rows; the aggregate tokens/s divides by the slowest rank's time."""
+    from eagle3lib.reports.tables import Table
+
+    rows = figures.get("ranks")
+    if not rows:
+        return None
+    keep = ["rank", "host", "samples_this_run", "tokens_this_run", "loop_s", "tokens_per_s", "device"]
+    return Table(pl.DataFrame([{k: r.get(k) for k in keep if k in rows[0]} for r in rows]))
