@@ -6,6 +6,8 @@
   build-verifier build (or find in the cache) an embedded tiny verifier (tiny, tiny-kimi) and print its path
   export         write a drafter (either layout) in the speculators or the EAGLE layout: export CKPT --layout eagle --out DIR
   import         a drafter in the EAGLE layout (SpecForge, EAGLE, AQ-MedAI) into the speculators layout vLLM reads
+  serve          run the profile's verifier as the generate stage would start it, on a given host and port, in the
+                 foreground (one server per node for a multi-server generate run: params/recipes/)
 """
 
 from __future__ import annotations
@@ -40,6 +42,12 @@ def main(argv: list[str] | None = None) -> int:
     i = sub.add_parser("import", help="an EAGLE-layout drafter into the speculators layout (= export --layout speculators)")
     i.add_argument("checkpoint")
     i.add_argument("--out", required=True)
+    v = sub.add_parser("serve", help="run the profile's verifier in vLLM, as the generate stage would (foreground)")
+    v.add_argument("--profile", default="tiny")
+    v.add_argument("--set", action="append", dest="overrides", metavar="SECTION.KEY=VALUE")
+    v.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
+    v.add_argument("--port", type=int, default=8000)
+    v.add_argument("--dry-run", action="store_true", help="print the command instead of running it")
     args = ap.parse_args(argv)
 
     try:
@@ -83,10 +91,30 @@ def main(argv: list[str] | None = None) -> int:
             from eagle3lib.model.interop import convert_drafter
 
             print(convert_drafter(args.checkpoint, getattr(args, "layout", "speculators"), args.out))
+        elif args.cmd == "serve":
+            return _serve(args)
     except (ParamsError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     return 0
+
+
+def _serve(args) -> int:
+    import os
+    from pathlib import Path
+
+    from eagle3lib.model.verifier import resolve_model
+    from eagle3lib.vllm.server import server_for_verifier
+
+    vcfg = load_profile(args.profile, parse_set(args.overrides)).verifier
+    server = server_for_verifier(vcfg, resolve_model(vcfg.model), Path(os.devnull), port=args.port)
+    cmd = server.command()
+    cmd[cmd.index("--host") + 1] = args.host
+    print("$ " + " ".join(cmd), file=sys.stderr, flush=True)
+    if args.dry_run:
+        return 0
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(vcfg.kv_cache_gib))
+    os.execv(cmd[0], cmd)
 
 
 if __name__ == "__main__":
