@@ -32,8 +32,7 @@ MODES = ("offline", "online-hf", "hybrid-hf", "online-vllm")
 def dataset(path: Path, n: int) -> Path:
     from eagle3lib.tiny import corpus
 
-    path.write_text("".join(json.dumps({"id": f"b{i}", "messages": corpus.sample(4242, i)["messages"]}) + "\n"
-                            for i in range(n)))
+    corpus.write_conversations(path, n, 4242, "b")
     return path
 
 

@@ -224,7 +224,7 @@ def test_notebook_runs_headless(tmp_path, tiny_verifier):
     from eagle3lib.core.paths import NOTEBOOKS_DIR
 
     data = tmp_path / "convs.jsonl"
-    data.write_text("".join(json.dumps({"id": f"n{i}", "messages": corpus.sample(4, i)["messages"]}) + "\n" for i in range(6)))
+    corpus.write_conversations(data, 6, 4, "n")
     run = tmp_path / "run"
     pm.execute_notebook(str(NOTEBOOKS_DIR / "02_extract.ipynb"), str(tmp_path / "out.ipynb"), kernel_name="python3",
                         parameters={"profile": "tiny", "run_dir": str(run),

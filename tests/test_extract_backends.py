@@ -75,10 +75,9 @@ def test_vllm_and_hf_backends_agree(tiny_verifier, samples, vllm_extractor):
 
 
 def test_stage_on_the_vllm_backend(tmp_path, tiny_verifier, samples, vllm_extractor):
-    import json
 
     data = tmp_path / "convs.jsonl"
-    data.write_text("".join(json.dumps({"id": f"d{i}", "messages": corpus.sample(33, i)["messages"]}) + "\n" for i in range(9)))
+    corpus.write_conversations(data, 9, 33, "d")
     vcfg = VerifierConfig(model="builtin:tiny", dtype="float32")
     cfg = dict(source=str(data), samples_per_shard=4, progress=False, disk_margin_gib=0.0)
     fv = extract(ExtractConfig(backend="vllm", **cfg), vcfg, tmp_path / "v", extractor=vllm_extractor)["figures"]

@@ -27,8 +27,7 @@ N = 20
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("data") / "convs.jsonl"
-    path.write_text("".join(json.dumps({"id": f"c{i}", "messages": corpus.sample(4, i)["messages"]}) + "\n"
-                            for i in range(N)))
+    corpus.write_conversations(path, N, 4, "c")
     return path
 
 

@@ -6,7 +6,6 @@ equal 1, and the vLLM-fed mode through a bounded staging folder matches offline 
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -38,8 +37,7 @@ FIELDS = ["loss", "loss_0", "loss_1", "loss_2", "full_acc_0", "tau_est", "tokens
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("online-data") / "convs.jsonl"
-    path.write_text("".join(json.dumps({"id": f"o{i}", "messages": corpus.sample(77, i)["messages"]}) + "\n"
-                            for i in range(N)))
+    corpus.write_conversations(path, N, 77, "o")
     return path
 
 

@@ -125,8 +125,7 @@ def test_kimi_k25_wrapper_in_vllm(tmp_path):
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory):
     p = tmp_path_factory.mktemp("kimi-data") / "convs.jsonl"
-    p.write_text("".join(json.dumps({"id": f"k{i}", "messages": corpus.sample(43, i)["messages"]}) + "\n"
-                         for i in range(9)))
+    corpus.write_conversations(p, 9, 43, "k")
     return p
 
 

@@ -280,3 +280,14 @@ def write_prompt_files(out_dir, seed: int = 7, n_train: int = 1200, n_heldout: i
         with open(out / name, "w") as f:
             for p in part:
                 f.write(json.dumps(p) + "\n")
+
+
+def write_conversations(path, n: int, seed: int, prefix: str = "c"):
+    """n whole conversations as a JSONL dataset (ids PREFIX0, PREFIX1, ...): prefill-only input for tests, benchmarks."""
+    import json
+    from pathlib import Path
+
+    path = Path(path)
+    path.write_text("".join(json.dumps({"id": f"{prefix}{i}", "messages": sample(seed, i)["messages"]}) + "\n"
+                            for i in range(n)))
+    return path
