@@ -27,7 +27,6 @@ from eagle3lib.core.manifest import read_manifest
 from eagle3lib.data.datasets import DatasetError, load_conversations
 from eagle3lib.data.records import ShardsLocked, ShardWriter, iter_generated, iter_records, list_shards
 from eagle3lib.stages.generate import GenerateError, generate, load_prompts
-from eagle3lib.vllm.client import chat_once
 from eagle3lib.vllm.endpoint import ServerError
 from eagle3lib.vllm.server import VLLMServer, free_port
 
@@ -227,34 +226,30 @@ def test_server_killed_and_restarted_mid_run(plain_server, tmp_path):
 
 def test_two_servers_share_the_prompts_and_a_dead_one_hands_its_prompts_over(vllm_server, plain_server, tmp_path):
     """verifier.server_url as a list: each server keeps at most its share of the concurrency in flight; one killed
-    mid-run (SIGKILL, its requests dropped) hands them to the other, and every prompt is answered exactly once."""
+    mid-run (SIGKILL while it holds its 3 requests) hands them to the other, and every prompt is answered exactly once.
+    (How the answers split between two servers on 2 shared cores is the machine's business, not asserted.)"""
     server = plain_server.ready()
     out = tmp_path / "generate"
     killed: dict[str, int] = {}
 
-    def from_plain() -> int:  # answers of the parser-less server: the thinking stays in the content
-        return sum(not r["messages"][-1]["reasoning_content"] for _, _, r in iter_records(out)) if out.exists() else 0
-
     def kill_after(n: int) -> None:
-        while from_plain() < n:
-            time.sleep(0.1)
+        while (len(_raw_ids(out)) if out.exists() else 0) < n:
+            time.sleep(0.05)
         killed["at"] = len(_raw_ids(out))
         os.killpg(server.proc.pid, signal.SIGKILL)  # api process and engine core at once
         server.proc.wait()
 
-    for warm in (vllm_server, server):  # a fresh server's first batch is slow on 2 cores: the other would take all
-        chat_once(warm.endpoint(), [{"role": "user", "content": "hi"}], max_tokens=4)
     killer = threading.Thread(target=kill_after, args=(3,), daemon=True)
     killer.start()
-    cfg = _cfg(max_samples=60, concurrency=6, max_tokens=96, server_down_wait_s=60)
+    cfg = _cfg(max_samples=40, concurrency=6, max_tokens=96, server_down_wait_s=60)
     f = generate(cfg, VerifierConfig(model=str(server.model), server_url=[vllm_server.base_url, server.base_url]),
                  out)["figures"]
     killer.join(5)
     ids = _raw_ids(out)
-    assert len(ids) == len(set(ids)) == 60 and killed.get("at", 60) < 60 and f["samples_failed"] == 0, f["servers"]
+    assert len(ids) == len(set(ids)) == 40 and killed["at"] < 40 and f["samples_failed"] == 0, f["servers"]
     a, b = f["servers"]
-    assert (a["share"], b["share"]) == (3, 3) and max(a["max_in_flight"], b["max_in_flight"]) == 3  # never above
-    assert a["answered"] + b["answered"] == 60 and 0 < b["answered"] < 60 and b["outages"] == 1 and a["outages"] == 0
+    assert (a["share"], b["share"]) == (3, 3) and a["max_in_flight"] <= 3 and b["max_in_flight"] == 3  # never above
+    assert a["answered"] + b["answered"] == 40 and b["outages"] == 1 and a["outages"] == 0
     assert f["failovers"] == b["handed_back"] >= 1  # it died holding requests; the other server answered them
     assert f["server_url"] == [vllm_server.base_url, server.base_url]
 
