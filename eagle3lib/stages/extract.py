@@ -173,6 +173,7 @@ def extract(cfg: Any, vcfg: Any, out_dir: str | Path, gen_dir: str | Path | None
     bpt = bytes_per_token(H, store_dtype, len(aux))
     damaged: list[str] = []
     disk: dict[str, Any] = {}
+    lone: HiddenStateWriter | None = None
     if rank == 0:  # the lone writer creates or repairs the store (and checks the disk for all) before any rank writes
         lone = open_writer(None)
         damaged = lone.damaged
@@ -181,7 +182,7 @@ def extract(cfg: Any, vcfg: Any, out_dir: str | Path, gen_dir: str | Path | None
                  "their samples are extracted again")
         disk = check_disk(out_dir, sum(len(s) for s in samples if s.id not in lone.done_ids), bpt, cfg.disk_margin_gib)
     ranks.barrier()
-    writer = open_writer(None) if world == 1 else open_writer(rank)
+    writer = lone if world == 1 else open_writer(rank)  # one process: the lone writer writes too
     missing = [s for s in samples if s.id not in writer.done_ids]
     resumed = len(samples) - len(missing)
     todo = [s for s in missing if ranks.owner(s.id, world) == rank] if world > 1 else missing
