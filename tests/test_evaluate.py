@@ -48,10 +48,14 @@ def _run_dir(tmp: Path, train_dir: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def servers(tiny_verifier, train_dir, tmp_path_factory, request):
-    """(spec server, base server). The spec server starts in the background while the shared base server starts."""
+    """(spec server, base server). The spec server starts in the background while the shared base server starts.
+    It serves the drafter's EAGLE-layout export (the layout SpecForge and EAGLE publish): the library decodes the
+    speculators-layout original, so their agreement below also shows the export is the same drafter to vLLM (the
+    speculators layout is served in tests/test_train_stage.py)."""
+    from eagle3lib.model.interop import convert_drafter
     from eagle3lib.vllm.server import VLLMServer
 
-    ckpt = train_dir / "final"
+    ckpt = convert_drafter(train_dir / "final", "eagle", tmp_path_factory.mktemp("eagle-layout") / "drafter")
     served = tmp_path_factory.mktemp("verifier-with-sampling-defaults") / "tiny"
     shutil.copytree(tiny_verifier, served)
     gen = json.loads((served / "generation_config.json").read_text())

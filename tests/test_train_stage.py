@@ -318,30 +318,24 @@ def _chat(server, prompts, max_tokens=96) -> list[str]:
 
 
 @pytest.mark.slow
-def test_vllm_serves_checkpoint_as_eagle3_speculator_in_both_layouts(trained, vllm_server, tiny_verifier, tmp_path):
-    """The speculators-format checkpoint and its EAGLE-layout export (eagle3lib/model/layouts.py), each served by
-    vLLM as the verifier's speculator with the same settings: greedy output is the verifier's, drafts are accepted,
-    and both give the same acceptance length."""
-    from eagle3lib.model.interop import convert_drafter
+def test_vllm_serves_checkpoint_as_eagle3_speculator(trained, vllm_server, tiny_verifier, tmp_path):
+    """The speculators-format checkpoint served by vLLM as the verifier's speculator: greedy output is the verifier's
+    and drafts are accepted. (The EAGLE-layout export is served in tests/test_evaluate.py, where vLLM's acceptance
+    must match the library's on the original.)"""
     from eagle3lib.vllm.server import VLLMServer
     from eagle3lib.vllm.spec_metrics import fetch_counters
 
     ctx, m = trained
-    ckpts = {"speculators": ctx.dir / m["outputs"]["checkpoint"]}
-    ckpts["eagle"] = convert_drafter(ckpts["speculators"], "eagle", tmp_path / "eagle")
+    ckpt = ctx.dir / m["outputs"]["checkpoint"]
     prompts = [json.loads(line)["messages"] for line in
                (Path(__file__).parents[1] / "eagle3lib/assets/prompts/heldout.jsonl").read_text().splitlines()[:8]]
     plain = _chat(vllm_server, prompts)
-    taus = {}
-    for layout, ckpt in ckpts.items():
-        spec_cfg = {"method": "eagle3", "model": str(ckpt), "num_speculative_tokens": K}
-        with VLLMServer(model=str(tiny_verifier), log_path=tmp_path / f"spec-{layout}.log", reasoning_parser="qwen3",
-                        max_model_len=2048, speculative_config=spec_cfg, extra_args=["--enforce-eager"]) as spec:
-            drafted = _chat(spec, prompts)
-            c = fetch_counters(spec.base_url)
-        assert drafted == plain, layout  # greedy output is the verifier's, drafter or not
-        assert c.drafts > 0, (layout, c)
-        taus[layout] = c.summary()["tau"]
-    print(f"vLLM-measured acceptance length {taus}; training estimate {m['figures']['val_tau_est']:.3f}")
-    assert taus["speculators"] > 1.5, f"acceptance length {taus}: the drafter is loaded but not accepted"
-    assert abs(taus["eagle"] - taus["speculators"]) <= 0.05, taus
+    spec_cfg = {"method": "eagle3", "model": str(ckpt), "num_speculative_tokens": K}
+    with VLLMServer(model=str(tiny_verifier), log_path=tmp_path / "spec.log", reasoning_parser="qwen3",
+                    max_model_len=2048, speculative_config=spec_cfg, extra_args=["--enforce-eager"]) as spec:
+        drafted = _chat(spec, prompts)
+        c = fetch_counters(spec.base_url)
+    assert drafted == plain  # greedy output is the verifier's, drafter or not
+    tau = c.summary()["tau"]
+    print(f"vLLM-measured acceptance length {tau:.3f}; training estimate {m['figures']['val_tau_est']:.3f}")
+    assert c.drafts > 0 and tau > 1.5, f"acceptance length {tau}: the drafter is loaded but not accepted"
