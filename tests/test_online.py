@@ -180,13 +180,14 @@ def _cmdline(p: psutil.Process) -> str:
 
 
 @pytest.mark.slow
-def test_vllm_fed_online_matches_offline_vllm_within_its_staging_budget(dataset, tmp_path):
+def test_vllm_fed_online_matches_offline_within_its_staging_budget(runs, dataset, tmp_path):
     """extract.backend=vllm: the trainer starts its own extraction server; each request's states pass through the
     staging folder, whose bytes never exceed train.staging_budget_gb (sampled while it runs); the server is killed
-    after step 3 and started again; the curve is the one offline vLLM extraction trains. A budget below one micro-batch is an error before any server starts.
-    Both servers compute in fp32: vLLM batches each run's prefills differently, and in bf16 that alone moves the
+    after step 3 and started again; the curve is the one the offline fp32 store trains (HF extraction: vLLM's and
+    HF's fp32 states agree within 1e-4, tests/test_extract_backends.py). A budget below one micro-batch is an error
+    before any server starts. The server computes in fp32: in bf16, vLLM's different prefill batching alone moves the
     states by bf16 noise (measured: 0.04 in the loss of step 2), which is not what this test is about."""
-    off = _extract(tmp_path / "off", dataset, "float32", "offline", backend="vllm", verifier_dtype="float32")
+    off = runs[("float32", "offline")]
     on = _extract(tmp_path / "on", dataset, "float32", "online")
     over = {**RUN, "train.max_steps": 6, "extract.backend": "vllm", "extract.dtype": "float32",
             "verifier.dtype": "float32"}
@@ -194,7 +195,7 @@ def test_vllm_fed_online_matches_offline_vllm_within_its_staging_budget(dataset,
         _train(on, {**over, "train.hidden_states": "online", "train.staging_budget_gb": 1e-5})
     assert not (on / "train" / "online-vllm-rank0").exists()  # refused before the server
 
-    ref_ctx, _ = _train(off, over)
+    ref_ctx, _ = _train(off, over, out="train-vllm-ref")
     budget_gb = 0.004  # a few samples' files at a time (4 x 192 x 4 B = 3 KiB of fp32 states per token)
     staged, stop = [0], threading.Event()
     scratch = on / "train" / "online-vllm-rank0" / "vllm-hidden-scratch"
@@ -224,4 +225,5 @@ def test_vllm_fed_online_matches_offline_vllm_within_its_staging_budget(dataset,
     assert m["figures"]["states_server_restarts"] == 1
     assert 0 < staged[0] <= budget_gb * 1e9, staged[0]
     assert 0 < m["figures"]["states_peak_staged_bytes"] <= budget_gb * 1e9
-    _same_curve(_curve(ref_ctx.dir), _curve(ctx.dir), atol=1e-4)
+    worst = _same_curve(_curve(ref_ctx.dir), _curve(ctx.dir), atol=1e-4)  # measured: 7.5e-7
+    print(f"online vLLM-fed vs offline HF-extracted fp32: largest difference {worst:.2e}")
