@@ -41,12 +41,10 @@ def dataset(tmp_path_factory) -> Path:
     return path
 
 
-def _extract(run: Path, dataset: Path, dtype: str, hidden_states: str, backend: str = "hf",
-             verifier_dtype: str = "bfloat16") -> Path:
-    cfg = ExtractConfig(source=str(dataset), dtype=dtype, backend=backend, max_sample_tokens=512, progress=False,
+def _extract(run: Path, dataset: Path, dtype: str, hidden_states: str) -> Path:
+    cfg = ExtractConfig(source=str(dataset), dtype=dtype, backend="hf", max_sample_tokens=512, progress=False,
                         final_state_check=0)
-    extract(cfg, VerifierConfig(model="builtin:tiny", dtype=verifier_dtype), run / "extract",
-            hidden_states=hidden_states)
+    extract(cfg, VerifierConfig(model="builtin:tiny"), run / "extract", hidden_states=hidden_states)
     return run
 
 
