@@ -9,7 +9,7 @@ STAMP := $(VENV)/.setup-$(VLLM_EXTRA)
 RUN_DIR ?= runs/demo
 PROFILE ?= tiny
 
-.PHONY: setup demo scaling test lint lab clean-demo
+.PHONY: setup demo scaling test test-fast lint lab clean-demo
 
 setup: $(STAMP)
 
@@ -39,8 +39,14 @@ scaling: setup
 lint: setup
 	$(VENV)/bin/ruff check .
 
+# The whole suite (CI runs this). --durations=25: every log shows where the time goes (tests and fixture setups).
 test: setup lint
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q --durations=25 tests
+
+# The inner loop: tests without vLLM servers, torchrun, notebooks, a browser or long training (marker `slow`, set in
+# tests/conftest.py from the fixtures a test uses, and by hand); under 3 minutes here. CI runs everything: `make test`.
+test-fast: setup
+	$(PY) -m pytest -q --durations=10 -m "not slow" tests
 
 lab: setup
 	$(VENV)/bin/jupyter lab notebooks/

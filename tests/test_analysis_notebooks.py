@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # every test here executes notebooks (papermill kernels)
 FIX = Path(__file__).parent / "fixtures" / "analysis"
 
 

@@ -406,6 +406,7 @@ def _complete_stage(run: Path, name: str, files: dict[str, str]) -> None:
     StageTimer(d, {"profile": "tiny"}).finish({"samples": 1})
 
 
+@pytest.mark.slow
 def test_forced_rerun_that_fails_restores_the_finished_outputs(tmp_path):
     """The two data-loss cases: a forced generate with a dataset that does not exist must not delete the finished
     responses, and the extract stage after it must not count that failed attempt as new input."""

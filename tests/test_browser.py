@@ -1,7 +1,8 @@
 # .venv/bin/python -m pytest -q tests/test_browser.py
 """What a person sees, in a real browser: Debian's Chromium (installed here when missing; no browser download) driven
-by Playwright. The rendered reports of a run open offline with every link and image resolving; JupyterLab opens the
-analysis notebooks as they ship, runs all their cells through its own menu, and shows the figures with no error.
+by Playwright. The rendered reports of a run (the session's tiny run: every stage) open offline with every link and
+image resolving; JupyterLab opens the analysis notebooks as they ship, runs all their cells through its own menu, and
+shows the figures with no error.
 Screenshots go beside the test's output (and, with EAGLE3LIB_SCREENSHOTS=DIR, into DIR for the README)."""
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-FIX = ROOT / "tests" / "fixtures" / "analysis"
 CHROMIUM = Path("/usr/bin/chromium")
 # the probe's flags: no sandbox as root, and none of Chromium's own network traffic on a closed machine
 ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
@@ -60,15 +60,17 @@ def _screenshot(page, name: str, dirs: list[Path]) -> None:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory) -> Path:
-    """RUNS/fixture: the analysis stages run by the runner on the shipped fixtures (manifests + two metrics logs)."""
-    runs = tmp_path_factory.mktemp("runs")
-    run = runs / "fixture"
-    shutil.copytree(FIX / "manifests", run)
-    shutil.copytree(FIX / "run_a" / "train", run / "train", dirs_exist_ok=True)
-    r = subprocess.run([sys.executable, "-m", "eagle3lib", "run", "--run-dir", str(run), "--stages",
-                        "learning_curves,cost_projection,compare_runs"], capture_output=True, text=True, cwd=ROOT)
-    assert r.returncode == 0, r.stderr[-3000:]
+def run(tiny_run) -> Path:
+    """The session's tiny run (tests/conftest.py): every stage's report, as `make demo` leaves them. Read only."""
+    return tiny_run.check()
+
+
+@pytest.fixture(scope="module")
+def runs(run, tmp_path_factory) -> Path:
+    """RUNS/tiny: a copy of the run for JupyterLab, whose notebooks rewrite the stages they run (weights left out: the
+    analysis notebooks read manifests and metrics)."""
+    runs = tmp_path_factory.mktemp("lab-runs")
+    shutil.copytree(run, runs / run.name, symlinks=True, ignore=shutil.ignore_patterns("*.safetensors", "*.log"))
     return runs
 
 
@@ -77,8 +79,7 @@ def _broken_images(page) -> list[str]:
         .filter(i => !(i.complete && i.naturalWidth > 0)).map(i => i.src.slice(0, 80))""")
 
 
-def test_reports_open_offline_with_every_link_and_image(browser, runs, tmp_path):
-    run = runs / "fixture"
+def test_reports_open_offline_with_every_link_and_image(browser, run, tmp_path):
     dirs = _shots(tmp_path)
     page = browser.new_page(viewport={"width": 1280, "height": 900})
     failed: list[str] = []
@@ -164,8 +165,8 @@ def _run_all_cells(page) -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("notebook", "expected"), [
-    ("learning_curves.ipynb", ["tau_est", "runs/fixture"]),
-    ("cost_projection.ipynb", ["Time, cost and disk per stage", "runs/fixture", "$"]),
+    ("learning_curves.ipynb", ["tau_est", "runs/tiny"]),
+    ("cost_projection.ipynb", ["Time, cost and disk per stage", "runs/tiny", "$"]),
 ])
 def test_jupyterlab_runs_the_notebook_as_it_ships(browser, lab, runs, tmp_path, notebook, expected):
     url, token = lab
@@ -185,5 +186,5 @@ def test_jupyterlab_runs_the_notebook_as_it_ships(browser, lab, runs, tmp_path, 
     page.locator(".jp-OutputArea-output img").first.scroll_into_view_if_needed()
     _screenshot(page, f"jupyterlab_{notebook.removesuffix('.ipynb')}.png", dirs)
     stage = notebook.removesuffix(".ipynb")
-    m = json.loads((runs / "fixture" / stage / "manifest.json").read_text())
+    m = json.loads((runs / "tiny" / stage / "manifest.json").read_text())
     assert m["status"] == "complete"

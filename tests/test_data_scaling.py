@@ -38,6 +38,7 @@ def run(tiny_verifier, tmp_path_factory):
     return run
 
 
+@pytest.mark.slow
 def test_fractions_nested_on_one_held_out_split_and_the_full_point_is_the_train_stage(run):
     lines: list[str] = []
     res = data_scaling.run(open_stage("data_scaling", "tiny", run, {**TRAIN, **SCALING}), echo=lines.append)

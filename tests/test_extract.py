@@ -216,6 +216,7 @@ def test_bad_inputs_are_clear_errors(tmp_path, tiny_verifier):
     assert fig["bad_samples"] == 1 and fig["samples"] == 1
 
 
+@pytest.mark.slow
 def test_notebook_runs_headless(tmp_path, tiny_verifier):
     """The notebook's wiring: papermill with a prefill-only dataset source and 2 torchrun ranks; the manifest is what the
     library wrote."""

@@ -39,6 +39,7 @@ pytestmark = pytest.mark.skipif(ON_GPU and not torch.cuda.is_available(), reason
 needs_kernels = pytest.mark.skipif(not RUN_KERNELS, reason="runs in the TRITON_INTERPRET subprocess (or on CUDA)")
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(RUN_KERNELS, reason="already inside the interpreter process or on CUDA")
 def test_numerics_under_interpreter() -> None:
     env = {k: v for k, v in os.environ.items() if k != "EAGLE3_KERNEL_DEVICE"}

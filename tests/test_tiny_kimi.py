@@ -26,6 +26,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 AUX = [2, 4, 5]
 
 
+@pytest.mark.slow
 def test_shipped_tiny_kimi_is_this_recipe(tmp_path):
     """A rebuild from the recipe gives the shipped tokenizer byte for byte and the same first training losses."""
     r = TinyKimiRecipe()

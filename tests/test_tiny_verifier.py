@@ -45,6 +45,7 @@ def test_recipe_key_ignores_comments_and_docstrings(tmp_path):
     assert _code_fingerprint(a) == _code_fingerprint(b) != _code_fingerprint(c)
 
 
+@pytest.mark.slow
 def test_shipped_verifier_is_this_recipe(tmp_path):
     """The package ships the built weights so a first run does not train for minutes; a rebuild from the recipe must
     give the same tokenizer byte for byte and the same first training losses (the weights follow deterministically)."""

@@ -73,6 +73,7 @@ def _close(a: float, b: float, rel: float) -> bool:
     return math.isclose(a, b, rel_tol=rel, abs_tol=1e-9)
 
 
+@pytest.mark.slow
 def test_each_tracker_holds_every_record_once_after_a_kill_and_resume(resumed):
     ctx, m, first = resumed
     jsonl = read_metrics(ctx.dir / "metrics.jsonl")
@@ -97,6 +98,7 @@ def test_each_tracker_holds_every_record_once_after_a_kill_and_resume(resumed):
                     assert _close(got[f], want[f], rel), (name, want["kind"], want["step"], f, got[f], want[f])
 
 
+@pytest.mark.slow
 def test_the_resumed_run_continues_the_same_tracker_runs(resumed):
     ctx, m, _ = resumed
     state = read_state(ctx.dir)
@@ -113,6 +115,7 @@ def test_the_resumed_run_continues_the_same_tracker_runs(resumed):
     assert m["outputs"]["trackers"] == "trackers.json" and m["outputs"]["tensorboard"] == "tensorboard"
 
 
+@pytest.mark.slow
 def test_final_figures_are_the_runs_summary(resumed):
     ctx, m, _ = resumed
     fig = m["figures"]
@@ -129,6 +132,7 @@ def test_final_figures_are_the_runs_summary(resumed):
     assert {"summary/text_summary", "params/text_summary"} <= set(ea.Tags()["tensors"])
 
 
+@pytest.mark.slow
 def test_evaluation_table_goes_to_the_same_runs(resumed):
     ctx, m, _ = resumed
     cfg = open_stage("train", "tiny", ctx.run_dir, RUN).cfg
@@ -146,6 +150,7 @@ def test_evaluation_table_goes_to_the_same_runs(resumed):
         [(r["kind"], r["step"]) for r in read_metrics(ctx.dir / "metrics.jsonl")]
 
 
+@pytest.mark.slow
 def test_learning_curves_read_a_tensorboard_folder(resumed):
     from eagle3lib.analysis.curves import load_run
     from eagle3lib.analysis.log_sources import expand_sources

@@ -44,7 +44,7 @@ class EvaluateConfig(StageConfig):
     request_timeout_s: float = Field(600.0, gt=0)  # one completion may take this long
     connect_timeout_s: float = Field(10.0, gt=0)  # an unreachable server fails within this
     ttt_steps_sweep: list[int] = []  # also measure greedy tau, acceptance per position and tokens/s at each of these K
-    # through vLLM, one speculative server each (the main K too: the two measurements check each other), and recommend
+    # through vLLM, one speculative server each (the main K reuses the main greedy pass: a server start fewer), and recommend
     # a K: measured here, and from a GPU cost model (eagle3lib/evaluation/k_sweep.py); [] = no sweep
     # --- comparison
     tolerance: float = Field(0.15, ge=0)  # |tau_lib - tau_vllm| (greedy) flagged beyond this: bf16 serving vs fp32 library diverge on near-ties (measured gaps ~0.01)

@@ -71,14 +71,21 @@ def recommend(rows: list[dict[str, Any]]) -> dict[str, int | None]:
 
 
 def k_sweep(cfg, vcfg, model_path: str, ckpt: Path, prompts, out_dir: Path, vkey: dict[str, Any],
-            base_tokens_per_s: float | None, verifier_active_params: float | None) -> dict[str, Any]:
-    """Every K of evaluate.ttt_steps_sweep measured on its own server (the main K too, so the two measurements of it
-    check each other), the rows, the cost ratio and both recommendations."""
-    measured = {k: measure_spec(cfg, vcfg, model_path, ckpt, prompts, k, out_dir, f"vllm_spec_k{k}",
-                                {**vkey, "which": f"spec_k{k}", "ttt_steps": k})
-                for k in sorted(set(cfg.ttt_steps_sweep))}
+            base_tokens_per_s: float | None, verifier_active_params: float | None,
+            main: tuple[int, dict[str, Any]] | None = None) -> dict[str, Any]:
+    """Every K of evaluate.ttt_steps_sweep measured on its own server, except the main measurement's K (`main`: its K
+    and its greedy pass, same drafter, prompts and settings), which is reused: a server start fewer, minutes for a
+    large verifier. Returns the rows, the cost ratio and both recommendations."""
+    measured = {}
+    for k in sorted(set(cfg.ttt_steps_sweep)):
+        if main is not None and k == main[0]:
+            measured[k] = main[1]
+            continue
+        measured[k] = measure_spec(cfg, vcfg, model_path, ckpt, prompts, k, out_dir, f"vllm_spec_k{k}",
+                                   {**vkey, "which": f"spec_k{k}", "ttt_steps": k})
     n_draft = drafter_parameters(ckpt)
     ratio = n_draft / verifier_active_params if verifier_active_params else None
     rows = sweep_rows(measured, base_tokens_per_s, ratio)
     return {"rows": rows, "drafter_parameters": n_draft, "verifier_active_params": verifier_active_params,
-            "cost_ratio": ratio, **recommend(rows)}
+            "cost_ratio": ratio, "reused_main_k": main[0] if main is not None and main[0] in measured else None,
+            **recommend(rows)}

@@ -37,6 +37,9 @@ def _say(msg: str) -> None:
     print(f"[eagle3lib {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+
+
 def render_html(nb_path: Path, html_path: Path, run_dir: Path) -> None:
     """Report-style HTML (outputs only) that can be shared without a Jupyter install: paths shown relative to the run
     (or the repository), whichever stream printed them (a stage's stderr lines, a torchrun child's output)."""
@@ -46,6 +49,12 @@ def render_html(nb_path: Path, html_path: Path, run_dir: Path) -> None:
     from eagle3lib.reports.tables import relative_text
 
     nb = nbformat.read(nb_path, as_version=4)
+    # A library's own tqdm.auto bar (transformers' "Loading weights") is an ipywidget in a kernel: its saved state makes
+    # nbconvert add a loader that fetches the widget renderer from unpkg.com; a report shows no live widgets. Dropped.
+    nb.metadata.pop("widgets", None)
+    for cell in nb.cells:
+        if cell.get("outputs"):
+            cell.outputs = [o for o in cell.outputs if WIDGET_VIEW not in o.get("data", {})]
     body, _ = HTMLExporter(exclude_input=True, exclude_input_prompt=True, exclude_output_prompt=True).from_notebook_node(nb)
     # the template loads require.js and MathJax from a CDN; a report has no code to run, and must open offline
     body = re.sub(r'<script[^>]*\ssrc="https?://[^"]*"[^>]*>\s*</script>', "", body)

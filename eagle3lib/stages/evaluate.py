@@ -210,8 +210,9 @@ def _run(ctx, cfg, vcfg, timer) -> dict[str, Any]:
                 servers.close_all()  # each K's server measures alone
                 t0 = time.time()
                 base_tps = ((v.get("base") or {}).get("greedy") or {}).get("tokens_per_s")
+                main = (k, v["greedy"]) if "greedy" in cfg.modes and v["greedy"].get("tau") is not None else None
                 results["k_sweep"] = k_sweep(cfg, vcfg, model_path, ckpt, prompts, out_dir, vkey, base_tps,
-                                             ctx.profile.section("cost_projection").verifier_active_params)
+                                             ctx.profile.section("cost_projection").verifier_active_params, main)
                 results["phases"]["k_sweep"] = {"seconds": round(time.time() - t0, 1)}
     finally:
         servers.close_all()

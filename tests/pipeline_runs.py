@@ -1,0 +1,123 @@
+"""The tiny pipeline runs the suite reads (tests/test_pipeline.py, tests/test_browser.py), made through the runner
+(`python -m eagle3lib run`) as `make demo` makes one, each ONCE per session, in a background thread started when the
+session begins, so they overlap the other tests.
+
+Why in the background: the suite is bound by one core. vLLM pins a server's model threads to core 0 (core 1 is kept
+for its other processes) and the Python processes the tests start import and load one at a time: during a serial run
+half of the 2 cores were idle (vmstat, 10-s samples). The pipelines' servers are pinned to core 1 instead
+(VLLM_CPU_OMP_THREADS_BIND), the test stream's stay on core 0. The work done is the same; only the waiting overlaps.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+# The tiny pipeline at a small setting (tests/test_pipeline.py checks it; other modules read it).
+TINY_SETS = [
+    "verifier_report.serve=false",  # served answers are covered by test_tiny_verifier; saves a server start
+    "verifier.extra_server_args=[--enforce-eager]",  # skip vLLM's compile warm-up in CI
+    "generate.max_samples=160",
+    "generate.max_tokens=256",
+    "train.max_steps=24",
+    "train.nproc_per_node=2",
+    "train.log_every=4",
+    "train.report_to=[tensorboard]",  # rank 0 alone logs; the evaluate stage adds its table to the same run
+    "evaluate.n_prompts=6",
+    "evaluate.max_tokens=48",
+    "evaluate.lib_max_prompts=3",
+    "evaluate.modes=[greedy]",  # sampled spec decoding is broken in vllm-cpu 0.32 (see the evaluate stage's notes)
+]
+# then data scaling (not in a default run): two more trainings on 1/4 and 1/2 of the data, the 1/2 drafter measured by
+# its own vLLM server, the whole data's point taken from the evaluate stage
+TINY_SCALING = ["--stages", "data_scaling", "--set", "data_scaling.fractions=[0.25,0.5,1.0]"]
+
+# Kimi-K2.5's architecture at tiny scale through the same runner (tests/test_pipeline.py)
+KIMI_SETS = [
+    "verifier_report.serve=false",
+    "generate.max_samples=160",
+    "generate.max_tokens=256",
+    "train.max_steps=40",
+    "train.log_every=10",
+    "evaluate.n_prompts=6",
+    "evaluate.max_tokens=48",
+    "evaluate.lib_max_prompts=6",  # the library on the same prompts as vLLM: the two taus compare
+    "evaluate.modes=[greedy]",
+]
+KIMI_STAGES = ["--stages", "verifier,generate,extract,train,evaluate"]
+
+BACKGROUND_CORE = "1"  # the pipelines' vLLM model threads (the test stream's servers keep vLLM's default, core 0)
+
+
+def _runner(profile: str, run: Path, sets: list[str]) -> list[str]:
+    args = [sys.executable, "-m", "eagle3lib", "run", "--profile", profile, "--run-dir", str(run)]
+    for s in sets:
+        args += ["--set", s]
+    return args
+
+
+@dataclass
+class PipelineRun:
+    """A run made through the runner, and what each of its commands returned (they run in order; a failed one stops
+    the rest)."""
+
+    run: Path  # the run directory: read it, or copy it before changing anything in it
+    commands: list[list[str]]
+    env: dict[str, str] | None = None
+    results: list[subprocess.CompletedProcess] = field(default_factory=list)
+    run_json: list[dict] = field(default_factory=list)  # RUN/run.json after each command (the next one rewrites it)
+    queued: bool = False  # True once handed to a background thread (`in_background`)
+    done: threading.Event = field(default_factory=threading.Event)
+
+    def execute(self) -> None:
+        try:
+            for cmd in self.commands:
+                self.results.append(subprocess.run(cmd, capture_output=True, text=True, env=self.env))
+                f = self.run / "run.json"
+                self.run_json.append(json.loads(f.read_text()) if f.exists() else {})
+                if self.results[-1].returncode != 0:
+                    return
+        finally:
+            self.done.set()
+
+    def wait(self) -> PipelineRun:
+        if not self.queued and not self.done.is_set():  # not started in the background (a file run alone)
+            self.execute()
+        self.done.wait()
+        return self
+
+    def check(self) -> Path:
+        """The run directory, once every command has succeeded (else the failed command's stderr)."""
+        self.wait()
+        for r in self.results:
+            assert r.returncode == 0, r.stderr[-5000:]
+        assert len(self.results) == len(self.commands)
+        return self.run
+
+
+def in_background(runs: list[PipelineRun]) -> None:
+    """One thread runs them one after the other: at most one pipeline beside the test stream (its servers and
+    trainings need memory too, and one core is what is idle)."""
+    for r in runs:
+        r.queued = True
+    threading.Thread(target=lambda: [r.execute() for r in runs], daemon=True).start()
+
+
+def tiny_run(root: Path, env: dict[str, str] | None = None) -> PipelineRun:
+    run = root / "tiny"
+    base = _runner("tiny", run, TINY_SETS)
+    return PipelineRun(run, [base, base + TINY_SCALING], env)
+
+
+def kimi_run(root: Path, env: dict[str, str] | None = None) -> PipelineRun:
+    run = root / "kimi"
+    return PipelineRun(run, [_runner("tiny-kimi", run, KIMI_SETS) + KIMI_STAGES], env)
+
+
+def background_env() -> dict[str, str]:
+    return {**os.environ, "VLLM_CPU_OMP_THREADS_BIND": BACKGROUND_CORE}
