@@ -160,14 +160,14 @@ def _pipeline_runs(request, _self_contained_caches, tmp_path_factory) -> dict[st
 
 
 @pytest.fixture(scope="session")
-def tiny_run(_pipeline_runs, tmp_path_factory) -> pipeline_runs.PipelineRun:
+def tiny_run(_pipeline_runs) -> pipeline_runs.PipelineRun:
     """ONE tiny pipeline run per session (every stage through the runner, then data_scaling), read by every test that
     only reads a run: tests/test_pipeline.py (its manifests), tests/test_browser.py (its reports in Chromium; JupyterLab
     on a copy, since running a notebook rewrites its stage). `.check()` waits for it. Never change it in place."""
-    return _pipeline_runs.get("tiny_run") or pipeline_runs.tiny_run(tmp_path_factory.mktemp("runs"))
+    return _pipeline_runs["tiny_run"]  # started by _pipeline_runs, which saw this test ask for it
 
 
 @pytest.fixture(scope="session")
-def kimi_run(_pipeline_runs, tmp_path_factory) -> pipeline_runs.PipelineRun:
+def kimi_run(_pipeline_runs) -> pipeline_runs.PipelineRun:
     """The tiny-kimi verifier through the runner (verifier, generate, extract, train, evaluate); `.check()` waits."""
-    return _pipeline_runs.get("kimi_run") or pipeline_runs.kimi_run(tmp_path_factory.mktemp("runs"))
+    return _pipeline_runs["kimi_run"]

@@ -71,7 +71,6 @@ class PipelineRun:
     env: dict[str, str] | None = None
     results: list[subprocess.CompletedProcess] = field(default_factory=list)
     run_json: list[dict] = field(default_factory=list)  # RUN/run.json after each command (the next one rewrites it)
-    queued: bool = False  # True once handed to a background thread (`in_background`)
     done: threading.Event = field(default_factory=threading.Event)
 
     def execute(self) -> None:
@@ -86,8 +85,6 @@ class PipelineRun:
             self.done.set()
 
     def wait(self) -> PipelineRun:
-        if not self.queued and not self.done.is_set():  # not started in the background (a file run alone)
-            self.execute()
         self.done.wait()
         return self
 
@@ -103,8 +100,6 @@ class PipelineRun:
 def in_background(runs: list[PipelineRun]) -> None:
     """One thread runs them one after the other: at most one pipeline beside the test stream (its servers and
     trainings need memory too, and one core is what is idle)."""
-    for r in runs:
-        r.queued = True
     threading.Thread(target=lambda: [r.execute() for r in runs], daemon=True).start()
 
 
