@@ -119,7 +119,7 @@ MLA = {"drafter_layer": "mla", "q_lora_rank": 16, "kv_lora_rank": 24, "qk_nope_h
        "v_head_dim": 12}
 
 
-@pytest.mark.parametrize("mode", ["doc", "doc-sdpa", "dense", "sdpa"])
+@pytest.mark.parametrize("mode", ["flash", "doc", "doc-sdpa", "dense", "sdpa"])
 @pytest.mark.parametrize("flags", [{}, {"norm_output": True, "norm_before_residual": True, "num_layers": 2}, MLA])
 def test_packed_ttt_equals_incremental_decoding(mode, flags):
     d = make_drafter(**flags).eval()

@@ -80,9 +80,11 @@ class TrainConfig(TorchrunConfig):
     device: Literal["auto", "cpu", "cuda"] = "auto"  # auto = cuda when available
     precision: Literal["auto", "float32", "bfloat16"] = "auto"  # auto: bf16 autocast on CUDA, fp32 on CPU
     kernels: Literal["auto", "torch", "triton"] = "auto"  # RMSNorm + draft-vocab loss kernels; auto = triton on CUDA
-    attention: Literal["auto", "doc", "doc-sdpa", "dense", "sdpa"] = "auto"  # TTT attention (eagle3lib/model/ttt.py): "doc"
-    # lays each packed sample out on its own (cost ~ sample length^2, not row length^2); "sdpa" = one SDPA over the
-    # packed row with the boolean [block-causal | diagonals] mask; auto = doc (fastest in benchmarks/train_throughput.py)
+    attention: Literal["auto", "flash", "doc", "doc-sdpa", "dense", "sdpa"] = "auto"  # TTT attention: "flash"
+    # (eagle3lib/model/ttt_flash.py) keeps memory linear in the sample length (8K-64K-token reasoning traces); the
+    # others (eagle3lib/model/ttt_attention.py) grow with its square and are kept as references and for
+    # benchmarks/long_context.py. auto = per micro-batch: doc while heads x longest sample <= 1024 (short samples,
+    # where it is faster), else flash
     threads: int | None = Field(None, ge=1)  # torch CPU threads per process; None = cores / processes per node
 
     # --- logging and checkpoints

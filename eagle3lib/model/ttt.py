@@ -29,7 +29,8 @@ Metrics: c_k[t] = (drafter argmax, mapped to a target id) == (verifier argmax at
 
 Packing: rows of several samples; `doc` [B, S] numbers the samples of a row (-1 = padding). Steps >= 1 run only on
 the rows whose output is used (positions counted at this or a later step), since nothing else ever attends to them.
-Attention over packed rows, in four equivalent layouts: eagle3lib/model/ttt_attention.py.
+Attention over packed rows: eagle3lib/model/ttt_flash.py (memory linear in the sample length) and four equivalent
+layouts in eagle3lib/model/ttt_attention.py; "auto" picks per micro-batch (make_attention).
 """
 
 from __future__ import annotations
@@ -86,7 +87,7 @@ def used_rows(counted: list[torch.Tensor]) -> list[torch.Tensor]:
 
 
 def run_ttt(d: Eagle3Drafter, aux: torch.Tensor, ids: torch.Tensor, pos: torch.Tensor, doc: torch.Tensor,
-            used: list[torch.Tensor], mode: str = "doc"):
+            used: list[torch.Tensor], mode: str = "auto"):
     """Yield (k, rows bool [B, S], normed drafter output [N_k, H] of those rows in row-major order) for each TTT step.
 
     `used[k]` must shrink with k (used[k] ⊆ used[k-1]); step 0 always runs on every position (its keys are the
@@ -94,7 +95,7 @@ def run_ttt(d: Eagle3Drafter, aux: torch.Tensor, ids: torch.Tensor, pos: torch.T
     """
     B, S = ids.shape
     H = d.config.hidden_size
-    attn = make_attention(doc, d.config.num_layers, mode)
+    attn = make_attention(doc, d.config.num_layers, mode, d.config.num_attention_heads)
     hidden = d.combine(aux.reshape(B, S, -1))
     feed = None
     for k in range(len(used)):
@@ -126,7 +127,7 @@ class TTTModel(nn.Module):
 
     def __init__(self, drafter: Eagle3Drafter, target_norm: torch.Tensor, target_head_full: torch.Tensor,
                  rms_norm_eps: float, ttt_steps: int, decay: float, out_of_vocab: str = "mask",
-                 attention: str = "doc", kernels_backend: str = "torch"):
+                 attention: str = "auto", kernels_backend: str = "torch"):
         super().__init__()
         self.drafter = drafter
         self.register_buffer("target_norm", target_norm.detach().clone(), persistent=False)

@@ -1,4 +1,5 @@
-"""Attention of the training-time test over packed rows: four equivalent layouts of the same masks.
+"""Attention of the training-time test over packed rows: four equivalent layouts of the same masks, whose memory grows
+with the square of the sample length; the default, "flash" (eagle3lib/model/ttt_flash.py), grows linearly.
 
 Step 0 attends block-diagonally causally (`block_causal_mask`: same sample, key <= query); step k >= 1 adds one
 diagonal per previous step (`ttt_mask`: the query's own key written at each step 1..k). tests/test_train_model.py
@@ -6,7 +7,7 @@ checks each layout against incremental decoding:
   "sdpa"      packed rows, one SDPA call with the boolean `ttt_mask` (keys [step 0 | step 1 | ..]): the plain form
   "dense"     packed rows, scores against the step-0 keys + the diagonals as vectors (no k x S^2 work)
   "doc"       each sample laid out on its own ([n_samples, longest sample]): attention costs sum of L^2 per sample
-              instead of S^2 per row; projections and MLPs still run on the packed tokens (the default)
+              instead of S^2 per row; projections and MLPs still run on the packed tokens
   "doc-sdpa"  the per-sample layout with one boolean-masked SDPA call per step
 On GPU, the per-sample layout keeps every kernel's tile independent of the row length (no flex-attention templates,
 whose shared-memory needs grow with the block sizes they pick). Each object is the `attend(layer, q, k, v)` callback
@@ -17,6 +18,8 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+
+from eagle3lib.model.ttt_flash import FlashTTTAttention
 
 # ------------------------------------------------------------------------------------------------------------- masks
 
@@ -219,14 +222,34 @@ class DocAttention:
         return self._from_docs(o, slots, 1)
 
 
-def make_attention(doc: torch.Tensor, num_layers: int, mode: str):
-    """The attention of one micro-batch. "doc" falls back to "dense" when the per-sample layout would cost more
-    (n_samples x longest^2 > rows x row_length^2, e.g. one long sample packed with many short ones): both are exact."""
+AUTO_DOC_MAX = 1024  # "auto" lays rows out per sample ("doc") while heads x longest sample stays under this: the
+# [heads, L, L] scores of short samples are then small, and one batched layout beats flash's windows (tiny drafter,
+# ~100-token samples packed in 1,024: doc 6,600 vs flash 5,700 tok/s); beyond it flash is as fast or faster and its
+# memory stays linear (benchmarks/long_context.py)
+
+
+def sample_sizes(doc: torch.Tensor) -> torch.Tensor:
+    """Tokens of each sample of the packed rows [B, S] (padding not counted)."""
+    B, S = doc.shape
+    return torch.unique_consecutive((torch.arange(B, device=doc.device)[:, None] * (S + 1) + doc)[doc >= 0],
+                                    return_counts=True)[1]
+
+
+def make_attention(doc: torch.Tensor, num_layers: int, mode: str, heads: int = 1):
+    """The attention of one micro-batch. "flash" keeps memory linear in the sample length
+    (eagle3lib/model/ttt_flash.py); the layouts here are its references and what it was measured against; "auto" is
+    "doc" for short samples (`AUTO_DOC_MAX`), else "flash". "doc" falls back to "dense" when the per-sample layout
+    would cost more (n_samples x longest^2 > rows x row_length^2, e.g. one long sample packed with many short ones):
+    both are exact."""
+    sizes = sample_sizes(doc)
+    longest = int(sizes.max()) if sizes.numel() else 0
+    if mode == "auto":
+        mode = "doc" if heads * longest <= AUTO_DOC_MAX else "flash"
     if mode in ("doc", "doc-sdpa"):
         B, S = doc.shape
-        sizes = torch.unique_consecutive((torch.arange(B, device=doc.device)[:, None] * (S + 1) + doc)[doc >= 0],
-                                         return_counts=True)[1]
-        if mode == "doc" and sizes.numel() and sizes.numel() * int(sizes.max()) ** 2 > B * S * S:
+        if mode == "doc" and sizes.numel() * longest**2 > B * S * S:
             return TTTAttention(doc, num_layers, "dense")
         return DocAttention(doc, num_layers, mode)
+    if mode == "flash":
+        return FlashTTTAttention(doc, num_layers)
     return TTTAttention(doc, num_layers, mode)

@@ -93,7 +93,7 @@ class Trainer:
         torch.manual_seed(cfg.seed)
         self.backend = select_kernels(cfg.kernels, self.device)
         Eagle3Drafter.set_kernels(self.backend)
-        self.attention = "doc" if cfg.attention == "auto" else cfg.attention
+        self.attention = cfg.attention  # "auto" is decided per micro-batch (ttt_attention.make_attention)
         self._inputs(ctx, vcfg)
         self._model(vcfg)
         self._plan()
