@@ -1,7 +1,7 @@
 """Long reasoning traces: peak memory and time of one drafter training step against the sample length, the TTT
 attention layouts side by side in one run, and the memory model's prediction next to each measurement.
 
-    .venv/bin/python benchmarks/long_context.py                       # tiny 1K-32K, kimi-heads 1K-8K (~25 min, 2 cores)
+    .venv/bin/python benchmarks/long_context.py                       # tiny 1K-32K, kimi-heads 1K-4K (~15 min, 2 cores)
     .venv/bin/python benchmarks/long_context.py --configs tiny --lengths 1024,2048 --layouts flash,doc
     .venv/bin/python benchmarks/long_context.py --json out.json       # the table as structured results too
 
@@ -36,7 +36,8 @@ CONFIGS = {  # DrafterConfig fields besides the vocabulary; "K" = TTT steps
     "kimi-heads": dict(hidden_size=512, intermediate_size=1024, num_attention_heads=64, num_key_value_heads=8,
                        head_dim=128, vocab_size=4096, draft_vocab_size=2048, K=5),
 }
-DEFAULT_LENGTHS = {"tiny": [1024, 2048, 4096, 8192, 16384, 32768], "kimi-heads": [1024, 2048, 4096, 8192]}
+DEFAULT_LENGTHS = {"tiny": [1024, 2048, 4096, 8192, 16384, 32768], "kimi-heads": [1024, 2048, 4096]}  # kimi-heads
+# at 8K: ~5 min per step here (--lengths 8192)
 LAYOUTS = ["flash", "doc", "sdpa"]
 
 
@@ -101,6 +102,8 @@ def main() -> None:
     ap.add_argument("--sample-tokens", type=int, default=None, help="pack samples of this length (default: one sample "
                     "per row) -- the demo's rows are ~100-token samples packed into 1,024")
     ap.add_argument("--max-gib", type=float, default=12.0, help="skip runs the memory model puts above this")
+    ap.add_argument("--max-step-s", type=float, default=150.0, help="skip a layout's longer lengths once a step took "
+                    "more than this")
     ap.add_argument("--json", type=Path, default=None, help="also write the measurements here")
     ap.add_argument("--child", nargs=3, metavar=("CONFIG", "LAYOUT", "L"), help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -110,6 +113,7 @@ def main() -> None:
     from eagle3lib.training.memory_model import step_bytes
 
     results = []
+    too_slow: set[tuple[str, str]] = set()
     for config in a.configs.split(","):
         c = dict(CONFIGS[config])
         K = c.pop("K")
@@ -120,8 +124,12 @@ def main() -> None:
                 model = step_bytes(shape_of(c), K=K, row_tokens=L, sample_tokens=sample, layout=layout, dtype_bytes=4)
                 if model > a.max_gib * 2**30:
                     r = {"config": config, "layout": layout, "L": L, "skipped": f"model {model / 2**30:.1f} GiB"}
+                elif (config, layout) in too_slow:
+                    r = {"config": config, "layout": layout, "L": L, "skipped": f"a shorter step took > {a.max_step_s} s"}
                 else:
                     r = measure(config, layout, L, a.threads, sample)
+                    if r.get("step_s", 0) > a.max_step_s:
+                        too_slow.add((config, layout))
                 r["model_mib"] = model / 2**20
                 results.append(r)
                 print(line(r), flush=True)
@@ -156,6 +164,12 @@ def summary(results: list[dict]) -> list[str]:
         f2, f16 = ok.get((config, "flash", 2048)), ok.get((config, "flash", 16384))
         if f2 and f16:
             out.append(f"{config}: flash peak 16K / 2K = {f16['peak_mib'] / f2['peak_mib']:.2f}x (linear: 8x; target <= 10x)")
+        for lay in LAYOUTS:
+            runs = sorted((r for (c, la, _), r in ok.items() if c == config and la == lay), key=lambda r: r["L"])
+            if len(runs) > 1:
+                a, b = runs[0], runs[-1]
+                out.append(f"{config}: {lay} peak {b['L']} / {a['L']} tokens = {b['peak_mib'] / a['peak_mib']:.2f}x "
+                           f"(length x{b['L'] / a['L']:.0f})")
         for L in (1024, 2048):
             f = ok.get((config, "flash", L))
             others = [r for (c, lay, n), r in ok.items() if c == config and n == L and lay != "flash"]

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from train_fixtures import cached_store, make_run_dir
+from train_fixtures import cached_store, fake_store, make_run_dir
 
 from eagle3lib.config.stages import open_stage
 from eagle3lib.model.checkpoint import CheckpointError, load_drafter
@@ -234,25 +234,6 @@ def test_killed_mid_logging_window_then_resumed_writes_the_same_records(store, t
 # --------------------------------------------------------------------------------------------------- bad inputs
 
 
-def _fake_store(path: Path, n: int, hidden: int = 192, vocab: int = 1472, nan_sample: int | None = None,
-                meta_extra: dict | None = None) -> Path:
-    from eagle3lib.data.hidden_store import HiddenSample, HiddenStateWriter
-
-    g = torch.Generator().manual_seed(0)
-    meta = {"verifier": "x", "hidden_size": hidden, "vocab_size": vocab, "num_layers": 8, "aux_layer_ids": [2, 4, 5],
-            **(meta_extra or {})}
-    with HiddenStateWriter(path, meta, samples_per_shard=16) as w:
-        for i in range(n):
-            T = 40
-            aux = torch.randn(T, 3, hidden, generator=g)
-            fin = torch.randn(T, hidden, generator=g)
-            if i == nan_sample:
-                aux[20, 1, 7] = float("nan")  # e.g. an overflow in extraction; reaches every later position's output
-            w.add(HiddenSample(f"s{i}", torch.randint(0, min(vocab, 1400), (T,), generator=g),
-                               torch.arange(T) > 10, aux.bfloat16(), fin.bfloat16()))
-    return path
-
-
 @pytest.mark.slow
 def test_bad_inputs_are_clear_errors(tmp_path, tiny_verifier, trained):
     def ctx_for(name, store_dir, overrides=None):
@@ -262,11 +243,11 @@ def test_bad_inputs_are_clear_errors(tmp_path, tiny_verifier, trained):
         return open_stage("train", "tiny", run, {**RUN, **(overrides or {})})
 
     with pytest.raises(TrainingError, match=r"store\.json.*hidden_size 64 != the verifier's 192"):
-        train(ctx_for("hidden", _fake_store(tmp_path / "s-hidden", 4, hidden=64)))
+        train(ctx_for("hidden", fake_store(tmp_path / "s-hidden", 4, hidden=64)))
     with pytest.raises(TrainingError, match=r"vocab_size 32000 != the verifier's 1472"):
-        train(ctx_for("vocab", _fake_store(tmp_path / "s-vocab", 4, meta_extra={"vocab_size": 32000})))
+        train(ctx_for("vocab", fake_store(tmp_path / "s-vocab", 4, meta_extra={"vocab_size": 32000})))
     with pytest.raises(TrainingError, match="holds no samples"):
-        train(ctx_for("empty", _fake_store(tmp_path / "s-empty", 0)))
+        train(ctx_for("empty", fake_store(tmp_path / "s-empty", 0)))
     with pytest.raises(TrainingError, match=r"train.kernels=triton: .*unavailable"):
         train(ctx_for("kernels", tmp_path / "s-hidden", {"train.kernels": "triton"}))  # no CUDA here
     with pytest.raises(TrainingError, match="no hidden-state store"):
@@ -286,7 +267,7 @@ def test_bad_inputs_are_clear_errors(tmp_path, tiny_verifier, trained):
 
 
 def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
-    store = _fake_store(tmp_path / "s-nan", 24, nan_sample=13)
+    store = fake_store(tmp_path / "s-nan", 24, nan_sample=13)
     run = tmp_path / "nan"
     run.mkdir()
     (run / "extract").symlink_to(store, target_is_directory=True)

@@ -65,7 +65,7 @@ def test_matches_dense_reference(docs, shape, n_diag, dtype, block, budget):
     w = torch.randn(out.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
     got = torch.autograd.grad((out.double() * w).sum(), leaves)
     want = torch.autograd.grad((ref * w).sum(), leaves)
-    for name, a, b in zip(["q", "k0", "v0"] + [f"d{j}" for j in range(2 * n_diag)], got, want):
+    for name, a, b in zip(["q", "k0", "v0"] + [f"d{j}" for j in range(2 * n_diag)], got, want, strict=True):
         torch.testing.assert_close(a.double(), b.double(), atol=atol * 10, rtol=rtol * 10, msg=lambda m, n=name: f"{n}: {m}")
 
 

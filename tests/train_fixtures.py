@@ -166,3 +166,23 @@ def cached_trained_run(tiny_verifier: Path, train: dict) -> Path:
                 if old.is_dir() and old != out and not old.name.startswith(".tmp-"):
                     shutil.rmtree(old, ignore_errors=True)
     return out / "train"
+
+
+def fake_store(path: Path, n: int, hidden: int = 192, vocab: int = 1472, nan_sample: int | None = None,
+                meta_extra: dict | None = None) -> Path:
+    """n random samples of 40 tokens in a real store (the verifier's shapes by default; errors are tested with others)."""
+    from eagle3lib.data.hidden_store import HiddenSample, HiddenStateWriter
+
+    g = torch.Generator().manual_seed(0)
+    meta = {"verifier": "x", "hidden_size": hidden, "vocab_size": vocab, "num_layers": 8, "aux_layer_ids": [2, 4, 5],
+            **(meta_extra or {})}
+    with HiddenStateWriter(path, meta, samples_per_shard=16) as w:
+        for i in range(n):
+            T = 40
+            aux = torch.randn(T, 3, hidden, generator=g)
+            fin = torch.randn(T, hidden, generator=g)
+            if i == nan_sample:
+                aux[20, 1, 7] = float("nan")  # e.g. an overflow in extraction; reaches every later position's output
+            w.add(HiddenSample(f"s{i}", torch.randint(0, min(vocab, 1400), (T,), generator=g),
+                               torch.arange(T) > 10, aux.bfloat16(), fin.bfloat16()))
+    return path

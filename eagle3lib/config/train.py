@@ -85,6 +85,9 @@ class TrainConfig(TorchrunConfig):
     # others (eagle3lib/model/ttt_attention.py) grow with its square and are kept as references and for
     # benchmarks/long_context.py. auto = per micro-batch: doc while heads x longest sample <= 1024 (short samples,
     # where it is faster), else flash
+    memory_gb: float | None = Field(None, gt=0)  # device memory per process to plan for (None = this device's: CUDA
+    # total, CPU available): a row whose step the memory model (eagle3lib/training/memory_model.py) puts above 90% of
+    # it is refused before training, with the longest packed_row_tokens that fits
     threads: int | None = Field(None, ge=1)  # torch CPU threads per process; None = cores / processes per node
 
     # --- logging and checkpoints

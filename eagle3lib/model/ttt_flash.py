@@ -221,7 +221,7 @@ class _TTTFlash(torch.autograd.Function):
             dq[b, :, a:e] = grp.unqueries((dqg * scale).flatten(2, 3), S)
         L0 = plan.left
         grads = [dq.to(q.dtype), dk0[:, :, L0 : L0 + S].to(k0.dtype), dv0[:, :, L0 : L0 + S].to(v0.dtype)]
-        grads += [x.to(y.dtype) for x, y in zip(dkd, kd)] + [x.to(y.dtype) for x, y in zip(dvd, vd)]
+        grads += [x.to(y.dtype) for x, y in zip(dkd, kd, strict=True)] + [x.to(y.dtype) for x, y in zip(dvd, vd, strict=True)]
         return (None, *grads)
 
 
