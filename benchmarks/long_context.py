@@ -1,7 +1,7 @@
 """Long reasoning traces: peak memory and time of one drafter training step against the sample length, the TTT
 attention layouts side by side in one run, and the memory model's prediction next to each measurement.
 
-    .venv/bin/python benchmarks/long_context.py                       # tiny 1K-32K, kimi-heads 1K-4K (~15 min, 2 cores)
+    .venv/bin/python benchmarks/long_context.py                       # tiny 1K-32K, kimi-heads 1K-4K (~45 min, 2 cores)
     .venv/bin/python benchmarks/long_context.py --configs tiny --lengths 1024,2048 --layouts flash,doc
     .venv/bin/python benchmarks/long_context.py --json out.json       # the table as structured results too
 
@@ -39,6 +39,7 @@ CONFIGS = {  # DrafterConfig fields besides the vocabulary; "K" = TTT steps
 DEFAULT_LENGTHS = {"tiny": [1024, 2048, 4096, 8192, 16384, 32768], "kimi-heads": [1024, 2048, 4096]}  # kimi-heads
 # at 8K: ~5 min per step here (--lengths 8192)
 LAYOUTS = ["flash", "doc", "sdpa"]
+MODELLED = ("flash", "doc")  # the memory model's "sdpa" figure is doc's, an upper bound (SDPA keeps no probabilities)
 
 
 def rss_bytes() -> int:
@@ -105,10 +106,17 @@ def main() -> None:
     ap.add_argument("--max-step-s", type=float, default=150.0, help="skip a layout's longer lengths once a step took "
                     "more than this")
     ap.add_argument("--json", type=Path, default=None, help="also write the measurements here")
+    ap.add_argument("--summarize", type=Path, default=None, help="print the summary of an earlier --json file")
     ap.add_argument("--child", nargs=3, metavar=("CONFIG", "LAYOUT", "L"), help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.child:
         print(json.dumps(child(a.child[0], a.child[1], int(a.child[2]), a.threads, a.sample_tokens or int(a.child[2]))))
+        return
+    if a.summarize:
+        results = json.loads(a.summarize.read_text())["results"]
+        for r in results:
+            print(line(r))
+        print("\n".join(["", *summary(results)]))
         return
     from eagle3lib.training.memory_model import step_bytes
 
@@ -158,6 +166,8 @@ def line(r: dict) -> str:
 
 def summary(results: list[dict]) -> list[str]:
     """The ratios the targets are stated in: flash's 16K / 2K peak, flash vs the best other layout at 1K-2K."""
+    from eagle3lib.model.ttt_attention import AUTO_DOC_MAX
+
     ok = {(r["config"], r["layout"], r["L"]): r for r in results if "peak_mib" in r}
     out = []
     for config in sorted({r["config"] for r in results}):
@@ -170,6 +180,7 @@ def summary(results: list[dict]) -> list[str]:
                 a, b = runs[0], runs[-1]
                 out.append(f"{config}: {lay} peak {b['L']} / {a['L']} tokens = {b['peak_mib'] / a['peak_mib']:.2f}x "
                            f"(length x{b['L'] / a['L']:.0f})")
+        heads = CONFIGS[config]["num_attention_heads"]
         for L in (1024, 2048):
             f = ok.get((config, "flash", L))
             others = [r for (c, lay, n), r in ok.items() if c == config and n == L and lay != "flash"]
@@ -178,7 +189,13 @@ def summary(results: list[dict]) -> list[str]:
                 out.append(f"{config}: L={L} flash {f['tokens_per_s']:,.0f} tok/s vs best other ({best['layout']}) "
                            f"{best['tokens_per_s']:,.0f} = {f['tokens_per_s'] / best['tokens_per_s']:.2f}x; peak "
                            f"{f['peak_mib'] / best['peak_mib']:.2f}x")
-        for r in (r for r in results if r["config"] == config and "peak_mib" in r):
+                # the default ("auto") runs doc or flash by the rule in make_attention: which one, measured here
+                pick = ok.get((config, "doc" if heads * L <= AUTO_DOC_MAX else "flash", L))
+                if pick:
+                    out.append(f"{config}: L={L} auto (the default) runs {pick['layout']}: "
+                               f"{pick['tokens_per_s'] / max(r['tokens_per_s'] for r in others + [f]):.2f}x the "
+                               f"fastest layout's tok/s")
+        for r in (r for r in results if r["config"] == config and "peak_mib" in r and r["layout"] in MODELLED):
             err = r["model_mib"] / r["peak_mib"] - 1
             if abs(err) > 0.2:
                 out.append(f"{config}: memory model off by {err:+.0%} at {r['layout']} L={r['L']}")

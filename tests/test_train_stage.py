@@ -84,7 +84,7 @@ def test_outputs_schema_and_checkpoint(trained):
     f = m["figures"]
     for key in ["steps", "epochs", "tokens_seen", "samples_seen", "tokens_per_s", "samples_per_s", "num_processes",
                 "final_loss", "tau_est", "val_tau_est", "draft_vocab_size", "draft_vocab_coverage",
-                "argmax_outside_draft_vocab", "peak_mem_mb", "wall_s", "kernels"] + \
+                "argmax_outside_draft_vocab", "peak_mem_mb", "wall_s", "kernels", "memory_model_gb"] + \
                [f"{p}_{k}" for p in ("full_acc", "cond_acc", "val_full_acc") for k in range(K)]:
         assert key in f and f[key] is not None, key
     assert f["kernels"] == "torch" and f["num_processes"] == 1 and f["draft_vocab_size"] == 512

@@ -139,7 +139,7 @@ def cached_trained_run(tiny_verifier: Path, train: dict) -> Path:
     """RUN/train of a real training run (3 epochs, ~285 samples of the train tests' store), built once into
     .cache/test-evaluate-train/<key>/ (keyed by the training code, so a change there retrains)."""
     src = hashlib.sha256()
-    for name in ("model/drafter.py", "model/checkpoint.py", "training/loop.py", "model/ttt.py", "model/ttt_attention.py",
+    for name in ("model/drafter.py", "model/checkpoint.py", "training/loop.py", "model/ttt.py", "model/ttt_attention.py", "model/ttt_flash.py",
                  "data/packing.py", "model/draft_vocab.py", "training/best.py", "training/figures.py"):
         src.update((REPO_ROOT / "eagle3lib" / name).read_bytes())
     src.update(json.dumps([tiny_verifier.name, train]).encode())

@@ -83,7 +83,7 @@ class TrainConfig(TorchrunConfig):
     attention: Literal["auto", "flash", "doc", "doc-sdpa", "dense", "sdpa"] = "auto"  # TTT attention: "flash"
     # (eagle3lib/model/ttt_flash.py) keeps memory linear in the sample length (8K-64K-token reasoning traces); the
     # others (eagle3lib/model/ttt_attention.py) grow with its square and are kept as references and for
-    # benchmarks/long_context.py. auto = per micro-batch: doc while heads x longest sample <= 1024 (short samples,
+    # benchmarks/long_context.py. auto = per micro-batch: doc while heads x longest sample <= 4096 (short samples,
     # where it is faster), else flash
     memory_gb: float | None = Field(None, gt=0)  # device memory per process to plan for (None = this device's: CUDA
     # total, CPU available): a row whose step the memory model (eagle3lib/training/memory_model.py) puts above 90% of

@@ -222,10 +222,11 @@ class DocAttention:
         return self._from_docs(o, slots, 1)
 
 
-AUTO_DOC_MAX = 1024  # "auto" lays rows out per sample ("doc") while heads x longest sample stays under this: the
-# [heads, L, L] scores of short samples are then small, and one batched layout beats flash's windows (tiny drafter,
-# ~100-token samples packed in 1,024: doc 6,600 vs flash 5,700 tok/s); beyond it flash is as fast or faster and its
-# memory stays linear (benchmarks/long_context.py)
+AUTO_DOC_MAX = 4096  # "auto" lays rows out per sample ("doc") while heads x longest sample stays under this: its
+# [heads, L, L] scores then cost a bounded number of bytes per token (linear in the row), and on short samples its
+# one batched layout is as fast as flash's windows or faster (tiny drafter, 1,024 tokens of ~100-token samples: doc
+# 6,600 vs flash 5,700 tok/s); beyond it flash is as fast or faster and its memory stays linear in the sample length
+# (benchmarks/long_context.py prints which layout auto picks and its speed against the fastest)
 
 
 def sample_sizes(doc: torch.Tensor) -> torch.Tensor:

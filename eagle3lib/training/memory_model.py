@@ -7,7 +7,8 @@ A profile whose longest packed row cannot fit the device is refused before train
                                                   K TTT steps (counted from the autograd graph, see below)
     backward      0.15 x T x per_step              gradients of one step's activations alive while it runs backward
     attention     flash: 13 x the largest group of block scores (eagle3lib/model/ttt_flash.make_plan; constant in L)
-                  doc/sdpa/dense: the [heads, L, L] scores and probabilities of each step: quadratic in L
+                  doc: the [heads, L, L] scores and probabilities of each step: quadratic in L (sdpa/dense: the
+                  same figure, an upper bound: SDPA keeps no probabilities; measured 0.5-0.8x of it)
     parameters    weights + gradients + AdamW's two moments (fp32), per process (DDP keeps a full copy; FSDP shards)
     verifier head the frozen target head [vocab, H] and embedding rows the loss and the inputs need
     inputs        the micro-batch's verifier states: 4 x H per token in the store's dtype (3 aux layers + final)
