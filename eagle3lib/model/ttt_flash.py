@@ -1,10 +1,10 @@
-"""TTT attention whose memory grows linearly with the sample length ("flash", the default layout).
+"""TTT attention whose memory grows linearly with the sample length ("flash"; `auto` uses it beyond short samples).
 
 FlashAttention's algorithm (tiles, log-sum-exp, recompute in the backward) written in plain torch for the TTT masks,
 directly on the packed rows [B, S]: no [S, S] or [L, L] scores, probabilities or masks are kept for the backward,
-only q, k, v, the TTT diagonals, the output and one log-sum-exp per query. Each query block's scores against its
-key span are built, used and freed, once in the forward and once in the backward, so the transient memory is one
-block's worth (`block_elements`) whatever the length.
+only q, k, v, the TTT diagonals, the output and one log-sum-exp per query. Each group of query blocks' scores against
+its key windows are built, used and freed, once in the forward and once in the backward, so the transient memory is
+one group's worth (`BLOCK_ELEMENTS`) whatever the length.
 
 Math, one query i at TTT step k (c = 1/sqrt(head dim); start(i) = the first position of i's sample):
     keys   step-0 keys s in [start(i), i] (block-causal; padding sees only itself) + i's own keys d_1..d_k of steps
@@ -15,11 +15,12 @@ Backward (FlashAttention's identities; Delta_i = dO_i . o_i, the softmax's Jacob
     dA_is = P_is (dO_i . v_s - Delta_i),  dE_ij = p_ij (dO_i . w_j - Delta_i)
     dq_i = c (sum_s dA_is k_s + sum_j dE_ij d_j),  dk_s = c sum_i dA_is q_i,  dv_s = sum_i P_is dO_i
     dd_j[i] = c dE_ij q_i,  dw_j[i] = p_ij dO_i
-A query block [qs, qe) of one row needs keys only from start(qs) (the earliest sample start among its queries), so the
-work is about sum over samples of L^2 / 2, as in the per-sample "doc" layout, without its [n_samples, longest] padding.
+A query block [qs, qe) of one row needs keys only from start(qs) (the earliest sample start among its queries) to qe,
+so the work is about sum over samples of L^2 / 2, as in the per-sample "doc" layout, without its [n_samples, longest]
+padding; blocks are grouped under shared key windows (`make_plan`) so short samples run as a few batched matmuls.
 
-GQA: the g = heads / kv_heads query heads of one KV head are stacked into one matmul ([nkv, g * C, D] @ [nkv, D, span]),
-so keys are never expanded. MLA drafters pass q/k of width nope + rope and v of width v_head_dim: both work.
+GQA: the g = heads / kv_heads query heads of one KV head are stacked into one matmul ([nkv, G, g * C, D] @ windows
+[nkv, G, D, W]), so keys are never expanded. MLA drafters pass q/k of width nope + rope and v of width v_head_dim: both work.
 Exactness against incremental decoding and against the dense layouts: tests/test_ttt_flash.py.
 """
 

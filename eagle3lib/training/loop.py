@@ -50,7 +50,7 @@ from eagle3lib.trackers.run import Trackers
 from eagle3lib.training import distributed as dist
 from eagle3lib.training.best import SELECTION, Best, on_resume, selection
 from eagle3lib.training.figures import run_figures
-from eagle3lib.training.memory_model import DrafterShape, check_fits, device_memory_bytes
+from eagle3lib.training.memory_model import check_train_memory
 from eagle3lib.training.metrics import MetricsWriter, console_line, ordered_record, peak_mem_mb, read_metrics
 from eagle3lib.training.progress import Progress, Window, lr_at
 from eagle3lib.training.setup import (
@@ -153,7 +153,8 @@ class Trainer:
     def _model(self, vcfg) -> None:
         cfg, device = self.cfg, self.device
         self.dcfg = drafter_config_from(cfg, self.vconf, self.aux_ids, self.vocab.size, self.model_path, self.drafter_layer)
-        self._check_memory()
+        longest = min(max((self.lengths[i] for i in self.split.train), default=1), cfg.packed_row_tokens)
+        self.memory_model_gb = check_train_memory(cfg, self.dcfg, longest, self.device, str(self.ecfg.dtype), self.world)
         drafter = Eagle3Drafter(self.dcfg)
         drafter.set_vocab(self.vocab.draft_ids)
         head = load_verifier_head(self.model_path, vcfg.trust_remote_code)
@@ -199,19 +200,6 @@ class Trainer:
             torch.set_rng_state(self.resume_state["rng_cpu"])
             if device.type == "cuda" and self.resume_state.get("rng_cuda") is not None:
                 torch.cuda.set_rng_state(self.resume_state["rng_cuda"], device)
-
-    def _check_memory(self) -> None:
-        """Refuse, before any memory is spent, a row the device cannot hold (eagle3lib/training/memory_model.py)."""
-        cfg = self.cfg
-        longest = min(max((self.lengths[i] for i in self.split.train), default=1), cfg.packed_row_tokens)
-        memory = cfg.memory_gb * 2**30 if cfg.memory_gb else device_memory_bytes(self.device)
-        bf16 = cfg.precision == "bfloat16" or (cfg.precision == "auto" and self.device.type == "cuda")
-        store_bytes = {"float32": 4, "bfloat16": 2}.get(str(self.ecfg.dtype), 1)
-        terms = check_fits(DrafterShape.of(self.dcfg), cfg.ttt_steps, cfg.packed_row_tokens, longest, memory,
-                           layout=cfg.attention, dtype_bytes=2 if bf16 else 4, rows=cfg.micro_batch_rows,
-                           store_dtype_bytes=store_bytes, shards=self.world if cfg.distributed == "fsdp" else 1,
-                           where=f"train (packed_row_tokens {cfg.packed_row_tokens})")
-        self.memory_model_gb = {k: round(v / 2**30, 3) for k, v in terms.items()}
 
     def _plan(self) -> None:
         cfg = self.cfg

@@ -162,3 +162,16 @@ def check_fits(s: DrafterShape, K: int, row_tokens: int, sample_tokens: int, mem
         f"{memory_bytes / GIB:.1f} GiB this device has. Set train.packed_row_tokens and extract.max_sample_tokens to "
         f"at most {best}" + (" (nothing fits: lower train.micro_batch_rows or use distributed: fsdp)" if not best else "")
         + ", or train.memory_gb to plan for another device.")
+
+
+def check_train_memory(cfg, dcfg, longest: int, device: torch.device, store_dtype: str, world: int) -> dict[str, float]:
+    """The train stage's check before any memory is spent (cfg: the train section; dcfg: the DrafterConfig; `longest`:
+    the longest training sample, cut to the row). Returns the model's terms in GiB for the manifest."""
+    memory = cfg.memory_gb * GIB if cfg.memory_gb else device_memory_bytes(device)
+    bf16 = cfg.precision == "bfloat16" or (cfg.precision == "auto" and device.type == "cuda")
+    terms = check_fits(DrafterShape.of(dcfg), cfg.ttt_steps, cfg.packed_row_tokens, longest, memory,
+                       layout=cfg.attention, dtype_bytes=2 if bf16 else 4, rows=cfg.micro_batch_rows,
+                       store_dtype_bytes={"float32": 4, "bfloat16": 2}.get(store_dtype, 1),
+                       shards=world if cfg.distributed == "fsdp" else 1,
+                       where=f"train (packed_row_tokens {cfg.packed_row_tokens})")
+    return {k: round(v / GIB, 3) for k, v in terms.items()}
