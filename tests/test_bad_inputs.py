@@ -66,6 +66,11 @@ PARAM_CASES = [  # (--set value, what the one-line message must contain)
     ("trian.lr=1", "unknown section 'trian' (did you mean 'train'?)"),
     ("cost_projection.speed_factors={x: 0}", "speed factors must be > 0"),
     ("verifier_report.max_tokens=0", "'verifier_report.max_tokens': Input should be greater than or equal to 1"),
+    # a bool where a number goes: pydantic would read true as 1 (one TTT step, without a word)
+    ("train.ttt_steps=true", "'train.ttt_steps': expects a number, got true"),
+    ("train.lr=false", "'train.lr': expects a number, got false"),
+    ("train.max_steps=true", "'train.max_steps': expects a number, got true"),
+    ("train.packing=false", None),  # a bool key still takes a bool
 ]
 
 
@@ -115,10 +120,19 @@ def test_profile_file_errors_name_file_and_line(capsys, tmp_path, text, expected
     (["params", "--profile", "tiniest"], "unknown profile 'tiniest'"),
     (["run", "--stages", ","], "--stages: no stage given"),
     (["run", "--stages", "generat"], "unknown stage 'generat' (did you mean 'generate'?)"),
+    (["run", "--stages", "compare_runs,learning_curves,compare_runs"], "--stages lists compare_runs more than once"),
+    (["run", "--run-dir", "", "--stages", "verifier"], "--run-dir is empty"),  # Path("") = the current folder
 ])
 def test_cli_errors(capsys, argv, expected):
     code, err = cli(capsys, *argv)
     assert code == 2 and expected in err, err
+
+
+def test_stages_run_in_pipeline_order_whatever_order_is_given():
+    from eagle3lib.pipeline.runner import select_stages
+
+    assert [s.name for s in select_stages(["cost_projection", "train", "generate"])] == [
+        "generate", "train", "cost_projection"]
 
 
 def test_run_dir_that_is_a_file(capsys, tmp_path):

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from eagle3lib.config.profile import load_profile
-from eagle3lib.config.stages import Stage, default_stages, existing_stages, get_stage, stage_params
+from eagle3lib.config.stages import STAGES, Stage, default_stages, existing_stages, get_stage, stage_params
 from eagle3lib.core.atomic import write_json_atomic
 from eagle3lib.core.manifest import now_iso, read_manifest, update_manifest
 from eagle3lib.core.paths import NOTEBOOKS_DIR, REPO_ROOT
@@ -250,6 +250,20 @@ def _will_run(stage: Stage, run_dir: Path, force: bool) -> bool:
     return force or stage.always_run or not (m and m.get("status") == "complete") or bool(stale_reason(run_dir, stage.name))
 
 
+def select_stages(stages: list[str] | None) -> list[Stage]:
+    """--stages as the stages to run: in pipeline order whatever order it gives (each stage reads the ones before
+    it), each once; None = the default stages."""
+    if stages is None:
+        return default_stages()
+    twice = sorted({s for s in stages if stages.count(s) > 1})
+    if twice:
+        raise ValueError(f"--stages lists {', '.join(twice)} more than once")
+    selected = sorted((get_stage(s) for s in stages), key=STAGES.index)
+    if not selected:
+        raise ValueError("--stages: no stage given (stages: " + ", ".join(s.name for s in existing_stages()) + ")")
+    return selected
+
+
 def run_pipeline(
     profile: str,
     run_dir: str | Path,
@@ -257,11 +271,11 @@ def run_pipeline(
     overrides: dict[str, Any] | None = None,
     force: bool = False,
 ) -> Path:
+    if not str(run_dir).strip():  # Path("") is the current folder: from the repository root, the checkout itself
+        raise ValueError("--run-dir is empty: name the folder every stage writes to (e.g. runs/demo)")
     run_dir = Path(run_dir).resolve()
     overrides = overrides or {}
-    selected = [get_stage(s) for s in stages] if stages is not None else default_stages()
-    if not selected:
-        raise ValueError("--stages: no stage given (stages: " + ", ".join(s.name for s in existing_stages()) + ")")
+    selected = select_stages(stages)
     missing = [s.name for s in selected if not (NOTEBOOKS_DIR / s.notebook).exists()]
     if missing:
         raise ValueError(f"stage(s) {', '.join(missing)} have no notebook in {NOTEBOOKS_DIR}")
