@@ -1,5 +1,6 @@
 """Attention of the training-time test over packed rows: four equivalent layouts of the same masks, whose memory grows
-with the square of the sample length; the default, "flash" (eagle3lib/model/ttt_flash.py), grows linearly.
+with the square of the sample length; "flash" (eagle3lib/model/ttt_flash.py) grows linearly, and `make_attention`'s
+"auto" (the default) takes it beyond short samples.
 
 Step 0 attends block-diagonally causally (`block_causal_mask`: same sample, key <= query); step k >= 1 adds one
 diagonal per previous step (`ttt_mask`: the query's own key written at each step 1..k). tests/test_train_model.py
