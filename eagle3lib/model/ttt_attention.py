@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from eagle3lib.model.ttt_flash import FlashTTTAttention
+from eagle3lib.model.ttt_flash import FlashTTTAttention, scatter_rows
 
 # ------------------------------------------------------------------------------------------------------------- masks
 
@@ -93,11 +93,7 @@ class TTTAttention:
                 start += n
 
     def _dense(self, x: torch.Tensor) -> torch.Tensor:
-        """[1, nkv, N, D] values of the selected rows -> dense [B, nkv, S, D] (zeros elsewhere), differentiably."""
-        B, S = self.doc.shape
-        out = x.new_zeros(B, S, x.shape[1], x.shape[3])
-        out = out.index_put((self._b, self._i), x[0].transpose(0, 1))
-        return out.transpose(1, 2)
+        return scatter_rows(x, self._b, self._i, self.doc.shape)
 
     def __call__(self, idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         nh = q.shape[1]

@@ -243,6 +243,12 @@ def _probs(grp: _Group, qg, kw, kdg, scale, lse, acc):
     return p.div_(z[..., None]), pd / z[..., None], m + torch.log(z)
 
 
+def scatter_rows(x: torch.Tensor, b: torch.Tensor, i: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+    """[1, h, N, D] of the selected positions (b, i) -> [B, h, S, D] (zeros elsewhere), differentiably."""
+    out = x.new_zeros(*shape, x.shape[1], x.shape[3]).index_put((b, i), x[0].transpose(0, 1))
+    return out.transpose(1, 2)
+
+
 class FlashTTTAttention:
     """The `attend` callback of one TTT forward over packed rows [B, S] (the drafter's layers call it; see
     eagle3lib/model/ttt_attention.py for the other layouts and the interface). Step 0 attends on every position; step
@@ -266,10 +272,7 @@ class FlashTTTAttention:
             self._b, self._i = rows.nonzero(as_tuple=True)
 
     def _dense(self, x: torch.Tensor) -> torch.Tensor:
-        """[1, h, N, D] of the selected positions -> [B, h, S, D] (zeros elsewhere), differentiably."""
-        B, S = self.doc.shape
-        out = x.new_zeros(B, S, x.shape[1], x.shape[3]).index_put((self._b, self._i), x[0].transpose(0, 1))
-        return out.transpose(1, 2)
+        return scatter_rows(x, self._b, self._i, self.doc.shape)
 
     def __call__(self, idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         nh = q.shape[1]
