@@ -36,42 +36,46 @@ def mla_drafter(**kw) -> Eagle3Drafter:
     return d
 
 
-@pytest.mark.parametrize("q_lora_rank", [16, None])
-def test_mla_attention_equals_deepseek_v3(q_lora_rank):
+@pytest.mark.parametrize(("q_lora_rank", "layer", "theta"), [(16, 0, 50000.0), (16, 1, 10000.0), (None, 1, 123.0)])
+def test_mla_attention_equals_deepseek_v3(q_lora_rank, layer, theta):
     """Same weights, same input, causal attention: our MLAAttention gives transformers' DeepseekV3Attention output
-    (interleaved RoPE on the rotary part, one shared rotary key, scale 1/sqrt(nope + rope))."""
+    (interleaved RoPE on the rotary part, one shared rotary key, scale 1/sqrt(nope + rope)), at the drafter's layer 0
+    (2H input: embeddings and fc output) and a later one (H), at Kimi's theta and others than 10,000 (a theta or
+    softmax-scale slip shows only away from the default)."""
     from transformers import DeepseekV3Config
     from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3Attention, DeepseekV3RotaryEmbedding
 
     H = 32
-    hf_cfg = DeepseekV3Config(hidden_size=H, num_attention_heads=3, num_key_value_heads=3, q_lora_rank=q_lora_rank,
+    d_in = 2 * H if layer == 0 else H  # the drafter's layer 0 attends over [embeddings, fc output]
+    hf_cfg = DeepseekV3Config(hidden_size=d_in, num_attention_heads=3, num_key_value_heads=3, q_lora_rank=q_lora_rank,
                               kv_lora_rank=24, qk_nope_head_dim=6, qk_rope_head_dim=8, v_head_dim=10,
-                              rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, rms_norm_eps=1e-6)
+                              rope_parameters={"rope_type": "default", "rope_theta": theta}, rms_norm_eps=1e-6)
     hf_cfg._attn_implementation = "eager"
     torch.manual_seed(1)
     hf = DeepseekV3Attention(hf_cfg, 0).eval()
     for p in hf.parameters():
         torch.nn.init.normal_(p, std=0.3)
-    d = mla_drafter(q_lora_rank=q_lora_rank)
-    # the drafter's layer 0 attends over 2H; a layer > 0 over H has the verifier's shapes
-    cfg1 = DrafterConfig(**{**d.config.to_dict(), "num_layers": 2})
-    ours = Eagle3Drafter(cfg1).layers[1].self_attn.eval()
-    missing, unexpected = ours.load_state_dict(hf.state_dict(), strict=False)
+    d = mla_drafter(q_lora_rank=q_lora_rank, rope_theta=theta)
+    ours = Eagle3Drafter(DrafterConfig(**{**d.config.to_dict(), "num_layers": 2})).layers[layer].self_attn.eval()
+    state = hf.state_dict()
+    if layer == 0:  # transformers' o_proj maps back to its 2H input width; ours to H: compare the first H outputs
+        state["o_proj.weight"] = state["o_proj.weight"][:H]
+    missing, unexpected = ours.load_state_dict(state, strict=False)
     assert not missing and not unexpected
     S = 11
-    x = torch.randn(2, S, H)
+    x = torch.randn(2, S, d_in)
     pos = torch.arange(S)[None].expand(2, S)
     cos_hf, sin_hf = DeepseekV3RotaryEmbedding(hf_cfg)(x, pos)
     mask = torch.full((S, S), float("-inf")).triu(1)[None, None].expand(2, 1, S, S)
     with torch.no_grad():
         want, _ = hf(x, (cos_hf, sin_hf), mask)
-        cos, sin = rope_cos_sin(pos, 8, 10000.0)
+        cos, sin = rope_cos_sin(pos, 8, d.config.rope_theta)
 
         def attend(_i, q, k, v):
             return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
 
-        got = ours(x, cos, sin, attend, 1)
-    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
+        got = ours(x, cos, sin, attend, layer)
+    torch.testing.assert_close(got, want[..., :H], atol=1e-5, rtol=1e-4)
 
 
 def test_mla_checkpoint_is_the_eagle_layout_vllm_reads(tmp_path):
@@ -134,8 +138,8 @@ def test_mla_dimensions_default_to_the_verifiers():
     c = drafter_config_from(TrainConfig(), MLA_VERIFIER, [1, 2, 3], 16, "v", "mla")
     assert (c.kv_lora_rank, c.q_lora_rank, c.qk_rope_head_dim, c.qk_nope_head_dim, c.v_head_dim) == (512, 24, 64, 6, 10)
     assert c.num_key_value_heads == c.num_attention_heads == 3 and c.rope_theta == 5e4
-    c = drafter_config_from(TrainConfig(q_lora_rank=0, v_head_dim=16), MLA_VERIFIER, [1, 2, 3], 16, "v", "mla")
-    assert c.q_lora_rank is None and c.v_head_dim == 16
+    c = drafter_config_from(TrainConfig(v_head_dim=16), DENSE_VERIFIER, [1, 2, 3], 16, "v", "mla")
+    assert c.q_lora_rank == 1536 and c.v_head_dim == 16  # DeepSeek-V3's where the verifier has none
     with pytest.raises(ValueError, match="train.norm_before_fc"):
         drafter_config_from(TrainConfig(norm_before_fc=True), MLA_VERIFIER, [1, 2, 3], 16, "v", "mla")
 
@@ -153,3 +157,33 @@ def test_continuing_an_mla_drafter_compares_its_latent_dimensions(tmp_path):
     llama = DrafterConfig(**{**d.config.to_dict(), "drafter_layer": "llama"})
     with pytest.raises(CheckpointError, match=r"drafter_layer is 'mla' there but 'llama' here \(train.drafter_layer\)"):
         check_init_source(src, llama, "keep")
+
+
+def test_an_mla_drafter_without_q_lora_is_refused_before_training_and_serving(tmp_path):
+    """vLLM 0.32's MLA drafter loader stacks q_a_proj and kv_a_proj_with_mqa into fused_qkv_a_proj, which exists only
+    with a q LoRA: a drafter with a plain q_proj (train.q_lora_rank: 0) trained for hours would fail at load (KeyError).
+    Refused when the shape is chosen (before training) and by check_servable (before a server starts)."""
+    with pytest.raises(ValueError, match=r"train.q_lora_rank: 0 .*fused_qkv_a_proj.*Set train.q_lora_rank"):
+        drafter_config_from(TrainConfig(q_lora_rank=0), MLA_VERIFIER, [1, 2, 3], 16, "v", "mla")
+    d = mla_drafter(q_lora_rank=None)
+    out = save_drafter(d.state_dict(), d.config, tmp_path / "no-q-lora")
+    with pytest.raises(CheckpointError, match=r"config.json: q_lora_rank is None: .*fused_qkv_a_proj"):
+        check_servable(out)
+
+
+@pytest.mark.parametrize("key", ["rope_parameters", "rope_scaling"])
+def test_a_drafter_with_rope_scaling_is_refused_when_read(tmp_path, key):
+    """A published MLA drafter with yarn (Kimi's verifier has it): vLLM serves it with interpolated frequencies and
+    DeepSeek's mscale on the softmax scale, the library's drafter has plain RoPE, so continuing it (train.init_from) would
+    train another function than the one served. Refused when its config is read, naming the key."""
+    d = mla_drafter()
+    out = save_drafter(d.state_dict(), d.config, tmp_path / "published")
+    cfg = json.loads((out / "config.json").read_text())
+    yarn = {"rope_type": "yarn", "factor": 32.0, "original_max_position_embeddings": 4096, "rope_theta": 50000.0}
+    if key == "rope_scaling":
+        yarn = {"type": "yarn", "factor": 32.0}
+    (out / "config.json").write_text(json.dumps({**cfg, key: yarn}))
+    with pytest.raises(CheckpointError, match=rf"config.json: {key}.rope_type 'yarn' .*plain RoPE only"):
+        read_config(out)
+    (out / "config.json").write_text(json.dumps({**cfg, "rope_scaling": None}))  # what llama configs say without it
+    assert read_config(out).structure() == d.config.structure()

@@ -29,8 +29,10 @@ import torch
 from eagle3lib.config.verifier import aux_order_problem
 from eagle3lib.core.atomic import write_error
 from eagle3lib.model.drafter import DrafterConfig, Eagle3Drafter
+from eagle3lib.model.drafter_shape import NO_Q_LORA
 from eagle3lib.model.layouts import (
     EAGLE_ARCH,
+    UnsupportedDrafter,
     config_from_eagle,
     default_layout,
     detect_layout,
@@ -222,7 +224,7 @@ def read_config(ckpt_dir: str | Path) -> DrafterConfig:
     path, d = _config_json(ckpt_dir)
     try:
         return config_from_speculators(d) if layout == "speculators" else config_from_eagle(d)
-    except CheckpointError as e:
+    except (CheckpointError, UnsupportedDrafter) as e:
         raise CheckpointError(f"{path}: {e}") from None
     except KeyError as e:
         raise CheckpointError(f"{path}: missing field {e}") from None
@@ -295,6 +297,8 @@ def check_servable(ckpt_dir: str | Path) -> DrafterConfig:
     if problems:
         raise CheckpointError(f"{path}: not loadable by vLLM as an EAGLE-3 drafter: {'; '.join(problems)}")
     cfg = read_config(ckpt_dir)
+    if cfg.drafter_layer == "mla" and not cfg.q_lora_rank:
+        raise CheckpointError(f"{path}: q_lora_rank is {d.get('q_lora_rank')!r}: {NO_Q_LORA}")
     shapes: dict[str, tuple[int, ...]] = {}
     for f in weight_files(ckpt_dir):
         try:

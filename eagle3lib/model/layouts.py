@@ -20,10 +20,15 @@ layer type.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from eagle3lib.config.verifier import aux_order_problem
 from eagle3lib.model.drafter import DrafterConfig
+
+
+class UnsupportedDrafter(ValueError):
+    """A well-formed config that describes a drafter the library cannot train as vLLM serves it."""
 
 LAYOUTS = ("speculators", "eagle")
 EAGLE_ARCH = "LlamaForCausalLMEagle3"
@@ -90,6 +95,13 @@ def from_llama_fields(t: dict[str, Any], **drafter: Any) -> DrafterConfig:
     transformer_layer_config, the EAGLE layout has them at the top) plus the drafter-specific values."""
     heads = int(t["num_attention_heads"])
     rp = t.get("rope_parameters") or {}
+    for key, rope in (("rope_parameters", rp), ("rope_scaling", t.get("rope_scaling") or {})):
+        kind = rope.get("rope_type") or rope.get("type") or "default"
+        if kind != "default":
+            # vLLM applies the scaling (yarn: interpolated frequencies, and for DeepSeek's MLA a softmax-scale mscale)
+            # while the library's drafter rotates with plain RoPE and 1/sqrt(d): training it would fit another function
+            raise UnsupportedDrafter(f"{key}.rope_type {kind!r} ({json.dumps(rope, sort_keys=True)}): the library's drafter "
+                             "has plain RoPE only, and vLLM would serve this drafter with the scaling: not supported")
     return DrafterConfig(
         hidden_size=int(t["hidden_size"]),
         intermediate_size=int(t["intermediate_size"]),
@@ -111,10 +123,10 @@ def config_from_eagle(d: dict[str, Any]) -> DrafterConfig:
     take the values vLLM assumes (norm_before_residual false, 3 drafted tokens)."""
     model_type = d.get("model_type", "llama")
     if model_type == "deepseek_v3":
-        raise ValueError("drafter layer type 'deepseek_v3': vLLM rewrites a deepseek_v3 draft config into a DeepSeek "
+        raise UnsupportedDrafter("drafter layer type 'deepseek_v3': vLLM rewrites a deepseek_v3 draft config into a DeepSeek "
                          "MTP model; an MLA EAGLE-3 drafter's config.json says model_type 'deepseek_v2'")
     if model_type not in ("llama", MLA_MODEL_TYPE):
-        raise ValueError(f"drafter layer type {model_type!r}: supported are llama and {MLA_MODEL_TYPE} (MLA)")
+        raise UnsupportedDrafter(f"drafter layer type {model_type!r}: supported are llama and {MLA_MODEL_TYPE} (MLA)")
     mla = {}
     if model_type == MLA_MODEL_TYPE:
         mla = {"drafter_layer": "mla", "q_lora_rank": int(d["q_lora_rank"]) if d.get("q_lora_rank") else None,
