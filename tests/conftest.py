@@ -89,9 +89,9 @@ def vllm_server(tiny_verifier, tmp_path_factory):
 def train_dir(tiny_verifier) -> Path:
     """RUN/train of the tests' drafter (3 epochs on the train tests' 300-sample store; tau ~1.8), trained once and
     cached in .cache/ keyed by the training code (tests/train_fixtures.py)."""
-    from train_fixtures import cached_trained_run
+    from train_fixtures import shared_trained_run
 
-    return cached_trained_run(tiny_verifier, {"train.epochs": 3})
+    return shared_trained_run(tiny_verifier)
 
 
 @pytest.fixture(scope="session")

@@ -31,7 +31,6 @@ from eagle3lib.stages.evaluate import run as run_evaluate
 
 K = 3
 TOL = 0.02  # |tau_lib - tau_vllm| and per-position rates, greedy, both fp32 (see the module docstring)
-TRAIN = {"train.epochs": 3}
 QUICK = {"evaluate.n_prompts": 18, "evaluate.max_tokens": 64, "evaluate.concurrency": 4, "evaluate.progress": False}
 
 

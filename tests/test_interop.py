@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from train_fixtures import cached_store, cached_trained_run, make_run_dir
+from train_fixtures import cached_store, make_run_dir, shared_trained_run
 
 from eagle3lib.__main__ import main
 from eagle3lib.config.stages import open_stage
@@ -31,8 +31,6 @@ from eagle3lib.model.drafter import DrafterConfig, Eagle3Drafter
 from eagle3lib.model.interop import convert_drafter
 from eagle3lib.training.loop import train
 from eagle3lib.training.metrics import read_metrics
-
-TRAIN = {"train.epochs": 3}  # the evaluate tests' drafter: trained once into .cache/, shared
 
 
 def _digest(folder: Path) -> dict[str, str]:
@@ -151,7 +149,7 @@ def test_folders_that_are_not_drafters_are_refused_by_name(tmp_path, capsys):
 @pytest.fixture(scope="module")
 def source(tiny_verifier):
     """(train dir of the shared trained drafter, the store)."""
-    return cached_trained_run(tiny_verifier, TRAIN), cached_store(tiny_verifier, 300)
+    return shared_trained_run(tiny_verifier), cached_store(tiny_verifier, 300)
 
 
 SHORT = {"train.max_steps": 3, "train.log_every": 1, "train.warmup_steps": 1}

@@ -135,6 +135,16 @@ def make_run_dir(tmp: Path, store: Path) -> Path:
     return run
 
 
+# The shared drafter's training (conftest's `train_dir`, the interop tests' source, the data-scaling test's 1.0 point):
+# one process (torchrun's start costs more than it saves here) and no intermediate checkpoints (they are deleted).
+SHARED_TRAIN = {"train.epochs": 3, "train.nproc_per_node": 1, "train.ckpt_every": 1000}
+
+
+def shared_trained_run(tiny_verifier: Path) -> Path:
+    """RUN/train of the tests' shared drafter (SHARED_TRAIN), trained once into .cache/."""
+    return cached_trained_run(tiny_verifier, SHARED_TRAIN)
+
+
 def cached_trained_run(tiny_verifier: Path, train: dict) -> Path:
     """RUN/train of a real training run (3 epochs, ~285 samples of the train tests' store), built once into
     .cache/test-evaluate-train/<key>/ (keyed by the training code, so a change there retrains)."""
