@@ -459,6 +459,24 @@ def test_stale_downstream_stage_is_redone_only_after_a_completed_upstream(tmp_pa
     assert "generate was re-run after it" in stale_reason(run, "extract")
 
 
+@pytest.mark.parametrize(("manifest", "expected"), [
+    ("[]", r"extract/manifest.json: damaged \(a JSON list where a manifest object belongs\)"),
+    ('{"status": "complete", "completed_at": 5}', r"extract/manifest.json: completed_at is 5, not an ISO time"),
+])
+def test_a_damaged_upstream_manifest_is_an_error_and_deletes_nothing(capsys, tmp_path, manifest, expected):
+    """A manifest of the wrong shape was read as "no manifest": extract re-ran with 0 samples and the train stage, its
+    input "re-made", deleted a finished training run. Now: one line naming the file, exit 2, nothing touched."""
+    run = tmp_path / "run"
+    _complete_stage(run, "train", {"final/model.safetensors": "weights", "metrics.jsonl": "{}\n"})
+    (run / "extract").mkdir()
+    (run / "extract" / "manifest.json").write_text(manifest)
+    before = tree_digest(run)
+    code = main(["run", "--run-dir", str(run), "--stages", "train"])
+    err = capsys.readouterr().err
+    assert code == 2 and re.search(expected, err) and "Traceback" not in err, err
+    assert tree_digest(run) == before
+
+
 # ------------------------------------------------------------------------------------------------------ disk full
 
 

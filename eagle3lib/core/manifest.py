@@ -28,9 +28,26 @@ def read_manifest(stage_dir: str | Path) -> dict[str, Any] | None:
     if not path.exists():
         return None
     try:
-        return json.loads(path.read_text())
+        m = json.loads(path.read_text())
     except json.JSONDecodeError as e:
         raise ValueError(f"{path}: not valid JSON ({e})") from e
+    if not isinstance(m, dict):
+        # never read as "no manifest": that would redo the stage and count its downstream stages as stale (deleted)
+        raise ValueError(f"{path}: damaged (a JSON {type(m).__name__} where a manifest object belongs); restore it, "
+                         "or move the stage folder away to redo the stage")
+    return m
+
+
+def manifest_time(m: dict[str, Any], key: str, stage_dir: str | Path) -> datetime | None:
+    """The manifest's timestamp `key` (None when absent); a damaged one is an error naming the file and key."""
+    value = m.get(key)
+    if value is None:
+        return None
+    try:
+        return datetime.fromisoformat(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{Path(stage_dir) / MANIFEST}: {key} is {value!r}, not an ISO time; restore it, or move the "
+                         "stage folder away to redo the stage") from None
 
 
 def update_manifest(stage_dir: str | Path, **fields: Any) -> dict[str, Any]:

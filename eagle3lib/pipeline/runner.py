@@ -14,14 +14,13 @@ import shutil
 import sys
 import tempfile
 import time
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from eagle3lib.config.profile import load_profile
 from eagle3lib.config.stages import STAGES, Stage, default_stages, existing_stages, get_stage, stage_params
 from eagle3lib.core.atomic import write_json_atomic
-from eagle3lib.core.manifest import now_iso, read_manifest, update_manifest
+from eagle3lib.core.manifest import manifest_time, now_iso, read_manifest, update_manifest
 from eagle3lib.core.paths import NOTEBOOKS_DIR, REPO_ROOT
 from eagle3lib.core.progress import HEADLESS_ENV
 from eagle3lib.pipeline.index import write_index
@@ -127,11 +126,14 @@ def stale_reason(run_dir: Path, name: str) -> str | None:
     upstream = INPUT_STAGE.get(name)
     mine = read_manifest(run_dir / name)
     theirs = read_manifest(run_dir / upstream) if upstream else None
-    if not (mine and theirs and mine.get("started_at")):
+    started = manifest_time(mine, "started_at", run_dir / name) if mine else None
+    if not (started and theirs):
         return None
-    completed = theirs.get("completed_at") or (theirs.get("finished_at") if theirs.get("status") == "complete" else None)
-    if completed and datetime.fromisoformat(completed) > datetime.fromisoformat(mine["started_at"]):
-        return f"{upstream} was re-run after it ({completed})"
+    completed = manifest_time(theirs, "completed_at", run_dir / upstream)
+    if completed is None and theirs.get("status") == "complete":
+        completed = manifest_time(theirs, "finished_at", run_dir / upstream)
+    if completed and completed > started:
+        return f"{upstream} was re-run after it ({completed.isoformat()})"
     return None
 
 
