@@ -26,6 +26,16 @@ def test_committed_without_outputs(path):
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_valid_without_warnings(path):
+    """Every cell has an id (nbformat 4.5): one without printed nbformat's MissingIDFieldWarning on every run."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        nbformat.validate(nbformat.read(path, as_version=4))
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_standard_parameters(path):
     params = pm.inspect_notebook(str(path))  # also fails without a kernelspec
     assert set(params) == {"profile", "run_dir", "overrides"}, f"{path.name}: parameters cell has {sorted(params)}"
