@@ -71,6 +71,9 @@ PARAM_CASES = [  # (--set value, what the one-line message must contain)
     ("train.lr=false", "'train.lr': expects a number, got false"),
     ("train.max_steps=true", "'train.max_steps': expects a number, got true"),
     ("train.packing=false", None),  # a bool key still takes a bool
+    # each of these used to fail in every rank after torchrun had started (~30 lines of ChildFailedError)
+    ("train.lr=inf", "'train.lr': Input should be a finite number"),
+    ("train.epochs=.inf", "'train.epochs': Input should be a finite number"),
 ]
 
 
@@ -161,6 +164,25 @@ def test_verifier_specific_settings_fail_before_any_server(capsys, tmp_path, tin
     code, err = cli(capsys, "run", "--profile", "tiny-kimi", "--run-dir", str(run), "--set", setting)
     assert code == 2 and re.search(expected, err) and "params/tiny-kimi.yaml" in err, err
     assert not run.exists()
+
+
+def test_a_global_batch_the_processes_cannot_share_is_a_parameter_error(capsys):
+    code, err = cli(capsys, "params", "--set", "train.nproc_per_node=3")
+    assert code == 2 and "tiny.yaml:46: train.batch_rows (2) must be a multiple of processes x micro_batch_rows (3 x 1)" \
+        in err, err
+
+
+@pytest.mark.parametrize(("setting", "expected"), [
+    ("train.init_from=/nonexistent/drafter", "train.init_from: no such folder: /nonexistent/drafter"),
+    ("train.device=cuda", "train.device: cuda, but this machine has no CUDA device"),
+])
+def test_train_settings_this_machine_cannot_run_fail_before_torchrun(capsys, tmp_path, setting, expected):
+    """Checked by the runner before any stage (exit 2, nothing made), not in every rank after torchrun's start."""
+    if "cuda" in setting and torch.cuda.is_available():
+        pytest.skip("a CUDA machine runs train.device=cuda")
+    run = tmp_path / "run"
+    code, err = cli(capsys, "run", "--run-dir", str(run), "--stages", "train", "--set", setting)
+    assert code == 2 and expected in err and "Traceback" not in err and not run.exists(), err
 
 
 # --------------------------------------------------------------------------------------------------------- datasets

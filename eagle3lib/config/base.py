@@ -15,7 +15,8 @@ def _numbers_only(annotation) -> bool:
 class StageConfig(BaseModel):
     """Base of every profile section: unknown keys and wrong types are errors, assignments are re-validated."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, protected_namespaces=())
+    # allow_inf_nan=False: `gt=0` admits inf, and `train.lr=inf` trained (NaN losses) after torchrun had started
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, protected_namespaces=(), allow_inf_nan=False)
 
     @field_validator("*", mode="before")
     @classmethod

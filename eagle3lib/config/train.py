@@ -126,6 +126,10 @@ class TrainConfig(TorchrunConfig):
         if self.batch_rows % self.micro_batch_rows:
             raise ValueError(f"train.batch_rows ({self.batch_rows}) must be a multiple of train.micro_batch_rows "
                              f"({self.micro_batch_rows})")
+        world = self.nproc_per_node * self.nnodes
+        if self.batch_rows % (world * self.micro_batch_rows):
+            raise ValueError(f"train.batch_rows ({self.batch_rows}) must be a multiple of processes x micro_batch_rows "
+                             f"({world} x {self.micro_batch_rows}): every process takes whole micro-batches")
         if self.packed_row_tokens < 4 + self.ttt_steps:
             raise ValueError(f"train.packed_row_tokens ({self.packed_row_tokens}) is too short for train.ttt_steps "
                              f"({self.ttt_steps}): at least ttt_steps + 4 tokens")
