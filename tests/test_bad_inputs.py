@@ -515,6 +515,25 @@ def test_a_damaged_upstream_manifest_is_an_error_and_deletes_nothing(capsys, tmp
     assert tree_digest(run) == before
 
 
+def test_a_second_run_of_a_stage_on_the_same_run_dir_stops_naming_the_first(capsys, tmp_path):
+    """Two `run --stages train` on one run dir both trained (the second resumed from the first's checkpoint: 172
+    metrics records for 120 steps, final/ from whichever wrote last). Now the second stops at once, naming the first."""
+    import os
+
+    from eagle3lib.core.stage_lock import stage_lock
+
+    run = tmp_path / "run"
+    _complete_stage(run, "train", {"final/model.safetensors": "weights", "metrics.jsonl": "{}\n"})
+    before = tree_digest(run / "train")
+    with stage_lock(run, "train"):  # what the first run holds while it trains (an flock: a second open conflicts)
+        code = main(["run", "--run-dir", str(run), "--stages", "train", "--force"])
+    err = capsys.readouterr().err
+    assert code == 2 and f"the train stage is being run by pid {os.getpid()}" in err, err
+    assert tree_digest(run / "train") == before
+    with stage_lock(run, "train"):  # released when the holder ends (or dies: the kernel drops an flock)
+        pass
+
+
 # ------------------------------------------------------------------------------------------------------ disk full
 
 

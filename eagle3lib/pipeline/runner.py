@@ -23,6 +23,7 @@ from eagle3lib.core.atomic import write_json_atomic
 from eagle3lib.core.manifest import manifest_time, now_iso, read_manifest, update_manifest
 from eagle3lib.core.paths import NOTEBOOKS_DIR, REPO_ROOT
 from eagle3lib.core.progress import HEADLESS_ENV
+from eagle3lib.core.stage_lock import stage_lock
 from eagle3lib.pipeline.index import write_index
 from eagle3lib.pipeline.kernel import ipc_kernel_manager
 from eagle3lib.pipeline.preflight import preflight
@@ -313,6 +314,12 @@ def run_pipeline(
 def _run_one(i: int, stage: Stage, selected: list[Stage], prof, profile_arg: str, run_dir: Path,
              overrides: dict[str, Any], force: bool, shared: _SharedServer) -> str | None:
     """Run (or skip) one stage; returns "skipped" when it was skipped."""
+    with stage_lock(run_dir, stage.name):
+        return _run_locked(i, stage, selected, prof, profile_arg, run_dir, overrides, force, shared)
+
+
+def _run_locked(i: int, stage: Stage, selected: list[Stage], prof, profile_arg: str, run_dir: Path,
+                overrides: dict[str, Any], force: bool, shared: _SharedServer) -> str | None:
     expected = stage_params(prof, stage)
     stage_dir = run_dir / stage.name
     m = read_manifest(stage_dir)
