@@ -244,6 +244,19 @@ def test_duplicate_ids_name_both_lines(tmp_path):
         load_prompts(GenerateConfig(dataset=str(p), shuffle=False))
 
 
+def test_prompts_whose_user_turn_is_empty_are_skipped_and_counted(tmp_path):
+    """Empty or null user content was sent, answered and kept as training data (ids x, x-2: the same empty prompt)."""
+    from eagle3lib.config.generate import GenerateConfig
+    from eagle3lib.stages.generate import load_prompts
+
+    turns = [[{"role": "user", "content": None}], [{"role": "user", "content": "  "}],
+             [{"role": "system", "content": "be brief"}, {"role": "user", "content": ""}],
+             [{"role": "user", "content": ""}, {"role": "assistant", "content": "?"}, {"role": "user", "content": "hi"}]]
+    p = write(tmp_path, "".join(json.dumps({"messages": t}) + "\n" for t in turns), "d.jsonl")
+    got = load_prompts(GenerateConfig(dataset=str(p), shuffle=False))
+    assert got.skipped_empty_user_turn == 3 and [c.messages[-1]["content"] for c in got.items] == ["hi"]
+
+
 def test_empty_dataset_is_an_error_before_any_server(tmp_path):
     from eagle3lib.config.generate import GenerateConfig
     from eagle3lib.config.verifier import VerifierConfig

@@ -35,7 +35,7 @@ N_RESUME = 80  # prompts of the kill-and-resume test (was 150)
 N_RESTART = 70  # prompts of the server-restart test (was 150)
 FIXTURES = Path(__file__).parent / "fixtures" / "generate"
 MANIFEST_FIGURES = ("samples_total", "samples_ok", "samples_failed", "samples_truncated", "samples_empty",
-                    "skipped_no_user_turn", "bad_records", "input_tokens", "output_tokens", "reasoning_tokens_est",
+                    "skipped_no_user_turn", "skipped_empty_user_turn", "bad_records", "input_tokens", "output_tokens", "reasoning_tokens_est",
                     "wall_s", "samples_per_s", "output_tokens_per_s", "concurrency", "server_model", "server_version")
 RUN_STAGE = """
 import json, sys

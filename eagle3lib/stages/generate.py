@@ -64,6 +64,7 @@ class Prompts:
     items: list[Conversation]  # prompts to answer: the conversation up to its last user turn, in run order
     load: LoadStats
     skipped_no_user_turn: int = 0
+    skipped_empty_user_turn: int = 0  # the turn to answer is empty or null: nothing to answer, no training signal
     duplicate_ids: int = 0  # skipped with on_bad_record=skip (counted in bad_records too)
 
 
@@ -77,6 +78,9 @@ def load_prompts(cfg) -> Prompts:
         prompt = c.prompt()
         if prompt is None:
             out.skipped_no_user_turn += 1
+            continue
+        if not str(prompt[-1].get("content") or "").strip():
+            out.skipped_empty_user_turn += 1
             continue
         if c.id in seen:  # an explicit id used twice: outputs are keyed by id, so this would lose one of them
             if cfg.on_bad_record == "error":
@@ -193,6 +197,7 @@ def dataset_figures(prompts: Prompts, latest: dict[str, tuple[dict[str, Any], st
         "samples_empty": counts["empty"],
         "samples_missing": len(prompts.items) - done,  # 0 when the run completed
         "skipped_no_user_turn": prompts.skipped_no_user_turn,
+        "skipped_empty_user_turn": prompts.skipped_empty_user_turn,
         "bad_records": prompts.load.bad_records,
         "input_records": prompts.load.records,
         "input_tokens": input_tokens,
@@ -316,7 +321,8 @@ def generate(cfg, verifier_cfg, out_dir: str | Path, *, manifest_params: dict[st
     prompts = load_prompts(cfg)  # bad input fails here, before a server is started
     if not prompts.items and not cfg.allow_empty:
         raise DatasetError(f"generate.dataset {cfg.dataset}: no prompt to answer ({prompts.load.records} records, "
-                           f"{prompts.skipped_no_user_turn} without a user turn, {prompts.load.bad_records} bad); "
+                           f"{prompts.skipped_no_user_turn} without a user turn, {prompts.skipped_empty_user_turn} whose "
+                           f"last user turn is empty, {prompts.load.bad_records} bad); "
                            "set generate.allow_empty: true if that is intended")
     # The writer locks the folder (a second run on the same folder would duplicate work) and cuts a torn tail.
     with ShardWriter(out_dir, cfg.shard_records, cfg.fsync_interval_s) as writer:
@@ -403,7 +409,8 @@ def _run_figures(stats: RunStats, wall: float) -> dict[str, Any]:
 def _print_summary(f: dict[str, Any], stats: RunStats) -> None:
     print(f"generate: {f['samples_total']} prompts: {f['samples_ok']} ok, {f['samples_truncated']} truncated, "
           f"{f['samples_empty']} empty, {f['samples_failed']} failed ({f['samples_resumed']} done before this run); "
-          f"skipped {f['skipped_no_user_turn']} without a user turn, {f['bad_records']} bad records")
+          f"skipped {f['skipped_no_user_turn']} without a user turn, {f['skipped_empty_user_turn']} whose last user turn "
+          f"is empty, {f['bad_records']} bad records")
     if stats.generated:
         print(f"generate: this run {stats.generated} samples, {stats.output_tokens:,} output tokens in {f['wall_s']:.1f} s "
               f"= {f['samples_per_s']:.2f} samples/s, {f['output_tokens_per_s']:,.0f} tokens/s at concurrency "
