@@ -72,6 +72,8 @@ PARAM_CASES = [  # (--set value, what the one-line message must contain)
     ("train.max_steps=true", "'train.max_steps': expects a number, got true"),
     ("train.packing=false", None),  # a bool key still takes a bool
     # each of these used to fail in every rank after torchrun had started (~30 lines of ChildFailedError)
+    ("cost_projection.sensitivity_range=[0,4]", "'cost_projection.sensitivity_range': expects two "
+                                                 "factors 0 < low < high, got [0.0, 4.0]"),
     ("train.lr=inf", "'train.lr': Input should be a finite number"),
     ("train.epochs=.inf", "'train.epochs': Input should be a finite number"),
 ]
@@ -175,6 +177,7 @@ def test_a_global_batch_the_processes_cannot_share_is_a_parameter_error(capsys):
 @pytest.mark.parametrize(("setting", "expected"), [
     ("train.init_from=/nonexistent/drafter", "train.init_from: no such folder: /nonexistent/drafter"),
     ("train.device=cuda", "train.device: cuda, but this machine has no CUDA device"),
+    ("verifier.model=/nonexistent/verifier", "verifier.model: no such folder: /nonexistent/verifier"),  # not "bad hub id"
 ])
 def test_train_settings_this_machine_cannot_run_fail_before_torchrun(capsys, tmp_path, setting, expected):
     """Checked by the runner before any stage (exit 2, nothing made), not in every rank after torchrun's start."""

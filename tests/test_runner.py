@@ -29,8 +29,9 @@ def test_unknown_stage_is_named(tmp_path):
 @pytest.mark.slow
 def test_failing_stage_names_its_notebook(tiny_verifier, tmp_path):
     run = tmp_path / "run"
-    # a verifier whose config cannot be read: the preflight says so and leaves it to the stage, which fails
-    missing = tmp_path / "no-such-model"
+    # a verifier folder whose config cannot be read: the preflight says so and leaves it to the stage, which fails
+    missing = tmp_path / "no-config-here"
+    missing.mkdir()
     r = run_cli("--run-dir", str(run), "--stages", "verifier", "--set", f"verifier.model={missing}")
     assert r.returncode == 1
     nb = run / "verifier" / "00_verifier.ipynb"

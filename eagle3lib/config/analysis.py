@@ -72,6 +72,14 @@ class CostProjectionConfig(StageConfig):
             raise ValueError(f"speed factors must be > 0 (rows {bad})")
         return v
 
+    @field_validator("sensitivity_range")
+    @classmethod
+    def _positive_range(cls, v: tuple[float, float]) -> tuple[float, float]:
+        # a geometric sweep: 0 or a negative factor has no meaning (numpy said "Geometric sequence cannot include zero")
+        if not 0 < v[0] < v[1]:
+            raise ValueError(f"expects two factors 0 < low < high, got {list(v)}")
+        return v
+
 
 class CompareRunsConfig(StageConfig):
     runs: list[str] = []  # run directories or globs (relative to the repo root); [] = this run + every other run under runs/

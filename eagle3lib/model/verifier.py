@@ -40,6 +40,12 @@ def resolve_model(model: str) -> str:
     return model
 
 
+def missing_local_folder(model: str) -> bool:
+    """verifier.model names a path (absolute, ./, ~, or deeper than a hub id's "org/name") that is not a folder: say
+    so, instead of the hub's answer for a bad id."""
+    return (model.startswith(("/", "./", "../", "~")) or model.count("/") > 1) and not Path(model).expanduser().is_dir()
+
+
 def describe_model(model: str) -> str:
     """verifier.model as a report shows it."""
     return BUILTINS.get(model, model)

@@ -18,9 +18,11 @@ def preflight(prof: Any, stage_names: list[str]) -> None:
     import torch
 
     from eagle3lib.model.drafter_shape import choose_drafter_layer
-    from eagle3lib.model.verifier import aux_layer_ids, load_config, resolve_model
+    from eagle3lib.model.verifier import aux_layer_ids, load_config, missing_local_folder, resolve_model
 
     vcfg = prof.verifier
+    if missing_local_folder(vcfg.model):
+        raise ParamsError(f"{prof.path}: verifier.model: no such folder: {vcfg.model}")
     try:
         vconf = load_config(resolve_model(vcfg.model), vcfg.trust_remote_code)
     except ValueError as e:
