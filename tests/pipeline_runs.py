@@ -44,6 +44,10 @@ KIMI_SETS = [
     "generate.max_tokens=256",
     "train.max_steps=40",
     "train.log_every=10",
+    # EAGLE 3.1's flags on the MLA drafter: vLLM 0.32's deepseek_eagle3.py runs both (fc_norm before fc in
+    # combine_hidden_states, norm_output's post-norm state fed back); the library-vs-vLLM agreement checks they match
+    "train.fc_norm=true",
+    "train.norm_output=true",
     "evaluate.n_prompts=6",
     "evaluate.max_tokens=48",
     "evaluate.lib_max_prompts=6",  # the library on the same prompts as vLLM: the two taus compare

@@ -157,6 +157,18 @@ def test_unreachable_and_speculatorless_servers(train_dir, tmp_path, vllm_server
         run_evaluate(ctx)
 
 
+def test_the_two_k_recommendations_are_kept_apart():
+    """Hand-computed rows where the machines disagree: here (2 CPU cores) a drafter step costs about a verifier step, so
+    K = 1 measures fastest; the GPU model (tau / (1 + K c), c = 0.05) wants K = 3: 1.8 / 1.05 = 1.714 < 2.6 / 1.15 =
+    2.261. A recommendation that read the wrong column, or one model for both, fails here."""
+    from eagle3lib.evaluation.k_sweep import recommend, sweep_rows
+
+    rows = sweep_rows({1: {"tau": 1.8, "tokens_per_s": 12.0}, 3: {"tau": 2.6, "tokens_per_s": 11.0}}, 10.0, 0.05)
+    assert [round(r["gpu_speedup_model"], 3) for r in rows] == [1.714, 2.261]
+    assert [r["speedup_here"] for r in rows] == [1.2, 1.1]
+    assert recommend(rows) == {"k_best_here": 1, "k_best_gpu_model": 3}
+
+
 def test_no_train_stage_is_a_clear_error(tmp_path):
     ctx = open_stage("evaluate", "tiny", tmp_path / "empty-run", {})
     with pytest.raises(EvaluateError, match=r"train/manifest\.json: no complete train stage"):
@@ -238,9 +250,16 @@ def test_k_sweep_on_the_trained_drafter(servers, train_dir, tmp_path):
     assert [row["ttt_steps"] for row in sweep["rows"]] == [1, 3]
     assert 1.0 < f["tau_vllm_greedy_k1"] <= 2.0 and f["tau_vllm_greedy_k1"] <= f["tau_vllm_greedy_k3"] + TOL
     assert f["tau_vllm_greedy_k3"] == f["tau_vllm_greedy"] and sweep["reused_main_k"] == 3  # the main pass, reused
-    assert f["k_best_here"] in (1, 3) and f["k_best_gpu_model"] in (1, 3)
-    assert 0 < f["drafter_verifier_flops_ratio"] < 1 and f["gpu_speedup_model_k3"] == pytest.approx(
-        f["tau_vllm_greedy_k3"] / (1 + 3 * f["drafter_verifier_flops_ratio"]))
+    # the recommendations follow the measured rows (tau and tokens/s measured here, not chosen in advance)
+    assert f["k_best_here"] == max(sweep["rows"], key=lambda row: row["speedup_here"])["ttt_steps"]
+    assert f["k_best_gpu_model"] == max(sweep["rows"], key=lambda row: row["gpu_speedup_model"])["ttt_steps"]
+    # the drafter's cost against an independent count: the parameters of the module the library builds from the
+    # checkpoint's config (not the safetensors scan the stage does), over the tiny profile's verifier_active_params
+    from eagle3lib.model.checkpoint import load_drafter
+
+    d, _ = load_drafter(train_dir / "final")
+    n = sum(p.numel() for name, p in d.named_parameters() if "embed_tokens" not in name)
+    assert f["drafter_verifier_flops_ratio"] == pytest.approx(n / 3.5e6, rel=1e-6)
     assert all(row["speedup_here"] > 0 for row in sweep["rows"])
     assert (run / "evaluate" / "phases" / "vllm_spec_k1.json").exists()  # a rerun reuses each K's measurement
     assert not (run / "evaluate" / "phases" / "vllm_spec_k3.json").exists()  # K = 3 was never served again
@@ -265,4 +284,4 @@ def test_drafters_side_by_side(servers, train_dir, tmp_path):
     assert [row["drafter"] for row in rows] == ["this run (final)", "served-today"]
     assert rows[0]["tau_estimate"] is not None and rows[1]["tau_estimate"] is None
     assert abs(f["tau_vllm_greedy_drafter0"] - f["tau_vllm_greedy_drafter1"]) <= TOL
-    assert f["tau_vllm_greedy_drafter0"] == f["tau_vllm_greedy"] and all(row["tau_chat"] for row in rows)
+    assert f["tau_vllm_greedy_drafter1"] > 1.3 and all(row["tau_chat"] for row in rows)  # accepted: loaded right

@@ -54,8 +54,8 @@ def test_tiny_pipeline_end_to_end(tiny_run):
     t = manifest(run, "train")
     tf, k = t["figures"], 3
     assert tf["steps"] == 24 and tf["num_processes"] == 2 and tf["tokens_per_s"] > 0
-    assert 1.0 <= tf["tau_est"] <= k + 1 and 1.0 <= tf["val_tau_est"] <= k + 1
-    assert (run / "train" / "metrics.jsonl").exists()
+    # 24 steps: tau_est ~1.6, val 2.0 measured; an untrained drafter (loss or labels misaligned) stays near 1.0
+    assert tf["tau_est"] > 1.2 and tf["val_tau_est"] > 1.2
     assert (run / "train" / t["outputs"]["checkpoint"] / "config.json").exists()
     from eagle3lib.trackers.tensorboard_log import read_tensorboard
     from eagle3lib.training.metrics import read_metrics
@@ -68,8 +68,8 @@ def test_tiny_pipeline_end_to_end(tiny_run):
 
     e = manifest(run, "evaluate")["figures"]
     assert e["ttt_steps"] == k and e["num_prompts"] == 6 and e["num_prompts_lib"] == 3
-    for key in ("tau_vllm_greedy", "tau_lib_greedy", "tau_train_est"):
-        assert 1.0 <= e[key] <= k + 1, (key, e[key])
+    # accepted in vLLM and the library (1.47 / 1.41 measured; a drafter loaded or fed wrongly is accepted ~never)
+    assert e["tau_vllm_greedy"] > 1.2 and e["tau_lib_greedy"] > 1.2, (e["tau_vllm_greedy"], e["tau_lib_greedy"])
     assert e["vllm_tokens_per_s_spec"] > 0 and e["vllm_tokens_per_s_base"] > 0
     (ev,) = [r for r in tb if r["kind"] == "evaluate"]
     assert ev["step"] == tf["steps"] + 1 and abs(ev["tau_vllm_greedy"] - e["tau_vllm_greedy"]) < 1e-5
@@ -80,10 +80,11 @@ def test_tiny_pipeline_end_to_end(tiny_run):
     base = json.loads((run / "evaluate" / "results.json").read_text())["vllm"]["base_server"]
     assert base["shared"] and not (run / "evaluate" / "vllm_base.log").exists()
 
-    lc = manifest(run, "learning_curves")["figures"]
-    assert lc  # the curves stage read this run's metrics
-    cp = manifest(run, "cost_projection")["figures"]
-    assert cp
+    lc = manifest(run, "learning_curves")["figures"]  # the curves stage read this run's metrics: every record
+    assert lc["records"] == len(jsonl) and lc["step"] == tf["steps"] and lc["val_tau_est"] == tf["val_tau_est"]
+    cp = manifest(run, "cost_projection")["figures"]  # projected from this run's measured speeds, not defaults
+    assert cp["train_measured_tokens_per_s"] == pytest.approx(tf["tokens_per_s"], rel=1e-6)
+    assert cp["extract_measured_tokens_per_s"] == pytest.approx(x["tokens_per_s"], rel=1e-3)
     cr = manifest(run, "compare_runs")["figures"]
     assert cr["runs"] >= 1 and cr[f"{run.name}.tau_vllm_greedy"] == e["tau_vllm_greedy"]  # this run first, by its folder name
 
@@ -120,9 +121,11 @@ def test_tiny_kimi_pipeline_end_to_end(kimi_run):
     tf = manifest(run, "train")["figures"]
     assert tf["drafter_layer"] == "mla" and tf["checkpoint_layout"] == "eagle" and tf["steps"] == 40
     ckpt = json.loads((run / "train" / "final" / "config.json").read_text())
-    assert ckpt["model_type"] == "deepseek_v2"
+    assert ckpt["model_type"] == "deepseek_v2" and ckpt["fc_norm"] and ckpt["norm_output"]
     e = manifest(run, "evaluate")["figures"]
     # the MLA drafter loads in vLLM and is accepted (a drafter vLLM loads wrongly is accepted ~never: tau 1.0)
     assert e["tau_vllm_greedy"] > 1.25, e["tau_vllm_greedy"]  # 40 steps: 1.45 measured
-    assert abs(e["tau_lib_greedy"] - e["tau_vllm_greedy"]) <= 0.05 + 1e-9, (e["tau_lib_greedy"], e["tau_vllm_greedy"])
+    # both fp32 on the same prompts: identical counts measured (0.02 leaves a near-tie flip on another CPU); a served
+    # drafter that skipped fc_norm or fed back the pre-norm state would accept other tokens
+    assert abs(e["tau_lib_greedy"] - e["tau_vllm_greedy"]) <= 0.02 + 1e-9, (e["tau_lib_greedy"], e["tau_vllm_greedy"])
     assert e["vllm_greedy_same_output_frac_spec_base"] == 1.0 and e["lib_greedy_equals_plain_frac"] == 1.0
