@@ -287,6 +287,29 @@ def test_torn_line_in_the_middle_of_a_shard_is_counted_and_located(tmp_path):
     assert stats.torn_lines == 1 and stats.torn_at == ["shard-00000.jsonl:2"]
 
 
+def test_a_deleted_settings_key_does_not_let_other_settings_extend_the_records(tmp_path):
+    """generate_key.json deleted mid-run: the run continued with other settings and certified the mixture (498 records
+    at temperature 0 with 22 at 0.7), although the manifest held the old settings. Now those are the reference."""
+    from eagle3lib.config.generate import GenerateConfig
+    from eagle3lib.config.verifier import VerifierConfig
+    from eagle3lib.core.manifest import StageTimer
+    from eagle3lib.stages.generate import KEY_FILE, GenerateError, check_run_key, run_key
+
+    gen, v = tmp_path / "generate", VerifierConfig(model="builtin:tiny")
+    old = GenerateConfig(dataset="builtin:tiny-train", temperature=0.0, max_tokens=512)
+    StageTimer(gen, {"generate": old.model_dump(mode="json")})  # what the first run recorded when it started
+    (gen / "shard-00000.jsonl").write_text('{"id": "a", "status": "ok"}\n')
+    new = old.model_copy(update={"temperature": 0.7})
+    with pytest.raises(GenerateError, match=r"other settings \(temperature: 0.0 -> 0.7\)"):
+        check_run_key(gen, run_key(new, v))
+    assert not (gen / KEY_FILE).exists()
+    check_run_key(gen, run_key(old, v))  # the same settings resume
+    (gen / KEY_FILE).unlink()
+    (gen / "manifest.json").unlink()
+    with pytest.raises(GenerateError, match=r"holds records, but neither generate_key.json nor its manifest"):
+        check_run_key(gen, run_key(old, v))
+
+
 # ---------------------------------------------------------------------------------------------- hidden-state store
 
 

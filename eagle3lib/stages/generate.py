@@ -142,13 +142,34 @@ def run_key(cfg, verifier_cfg) -> dict[str, Any]:
 def check_run_key(gen_dir: Path, key: dict[str, Any]) -> None:
     """Refuse to add records made with other settings to a folder that already has some."""
     path = gen_dir / KEY_FILE
-    if path.exists() and list_shards(gen_dir):
-        old = json.loads(path.read_text())
+    if list_shards(gen_dir):
+        old = _saved_key(gen_dir)
         diffs = [f"{k}: {old[k]!r} -> {key[k]!r}" for k in sorted(set(old) & set(key)) if old[k] != key[k]]
         if diffs:
             raise GenerateError(f"{gen_dir} holds records generated with other settings ({'; '.join(diffs)}); "
                                 "delete that folder (or re-run the stage with --force) to start over")
     write_json_atomic(path, key)
+
+
+def _saved_key(gen_dir: Path) -> dict[str, Any]:
+    """The settings the folder's records were made with: its key file, else (deleted mid-run) the settings its manifest
+    recorded when that run started; a folder that says neither is refused rather than extended with a mixture."""
+    path = gen_dir / KEY_FILE
+    if path.exists():
+        try:
+            return json.loads(path.read_text())
+        except json.JSONDecodeError as e:
+            raise GenerateError(f"{path}: damaged ({e}); restore it, or re-run the stage with --force to start over") from None
+    params = ((read_manifest(gen_dir) or {}).get("params") or {}).get("generate")
+    if not params:
+        raise GenerateError(f"{gen_dir} holds records, but neither {KEY_FILE} nor its manifest says which settings made "
+                            "them; restore the file, or re-run the stage with --force to start over")
+    old = {k: params[k] for k in KEY_FIELDS if k in params}
+    try:
+        old["dataset"] = str(resolve_path(old["dataset"]).resolve())
+    except (KeyError, DatasetError):
+        pass
+    return json.loads(json.dumps(old))
 
 
 # ------------------------------------------------------------------------------------------------------------ figures
