@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -97,3 +98,23 @@ def test_one_shared_verifier_server_for_the_stages_that_serve_the_verifier_alone
     assert users(["generate", "extract"]) is None  # one user: it starts its own
     assert users(["evaluate"]) is None  # overlapping its start with the library measurement is better
     assert users(every, "verifier.server_url=http://127.0.0.1:9") is None  # a running server is used as is
+
+
+def test_the_index_shows_each_stages_headline_first(tmp_path):
+    """The evaluate row listed ttt_steps, prompt counts and the training estimate, never the measured tau or the
+    speedup: the first figures written. Each stage now declares its headline (config/stages.py)."""
+    from eagle3lib.core.manifest import StageTimer
+    from eagle3lib.pipeline.index import write_index
+
+    run = tmp_path / "run"
+    StageTimer(run / "evaluate").finish({"ttt_steps": 3, "ttt_steps_trained": 3, "num_prompts": 6, "num_prompts_lib": 3,
+                                         "tau_train_est": 2.1, "accept_rate_pos_1_train_est": 0.7, "tau_val_est": 2.4,
+                                         "tau_lib_greedy": 3.1, "tau_vllm_greedy": 3.05, "vllm_speedup": 1.9})
+    StageTimer(run / "cost_projection").finish({"samples": 37000, "epochs": 3.0, "generate_tokens": 1e9,
+                                                "h200-x8.total_usd": 1234.5, "h200-x8.total_hours": 20.0})
+    page = write_index(run).read_text()
+    row = page[page.index("<b>evaluate</b>"):page.index("</tr>", page.index("<b>evaluate</b>"))]
+    shown = re.findall(r"<code>([^<]+)</code>", row)
+    assert shown[:4] == ["tau_vllm_greedy", "tau_lib_greedy", "vllm_speedup", "tau_val_est"], shown
+    row = page[page.index("<b>cost_projection</b>"):]
+    assert re.findall(r"<code>([^<]+)</code>", row)[:3] == ["samples", "h200-x8.total_usd", "h200-x8.total_hours"]

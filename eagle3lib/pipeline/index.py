@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fnmatch
 import html
 from pathlib import Path
 
@@ -26,9 +27,11 @@ def _fmt(v, run_dir: Path) -> str:
     return html.escape(relative_text(str(v), run_dir, REPO_ROOT))  # no absolute paths of this machine on the page
 
 
-def _headline(figures: dict, run_dir: Path, limit: int = 8) -> str:
-    items = [(k, v) for k, v in figures.items() if isinstance(v, int | float | str) and not isinstance(v, bool)][:limit]
-    return "<br>".join(f"<code>{html.escape(k)}</code> {_fmt(v, run_dir)}" for k, v in items)
+def _headline(figures: dict, patterns: tuple[str, ...], run_dir: Path, limit: int = 8) -> str:
+    """The stage's declared headline figures in their order (then, if none is there, its first figures)."""
+    shown = {k: v for k, v in figures.items() if isinstance(v, int | float | str) and not isinstance(v, bool)}
+    keys = list(dict.fromkeys(k for pat in patterns for k in shown if fnmatch.fnmatchcase(k, pat))) or list(shown)
+    return "<br>".join(f"<code>{html.escape(k)}</code> {_fmt(shown[k], run_dir)}" for k in keys[:limit])
 
 
 def write_index(run_dir: str | Path) -> Path:
@@ -50,7 +53,7 @@ def write_index(run_dir: str | Path) -> Path:
         rows.append(
             f"<tr><td><b>{stage.name}</b><br><small>{html.escape(stage.title)}</small></td>"
             f'<td class="{status}">{status}{err}</td><td>{"" if wall is None else f"{wall:,.0f} s"}</td>'
-            f"<td>{_headline(m.get('figures') or {}, run_dir)}</td><td>{' · '.join(links)}</td></tr>"
+            f"<td>{_headline(m.get('figures') or {}, stage.headline, run_dir)}</td><td>{' · '.join(links)}</td></tr>"
         )
     page = (
         f"<!doctype html><html><head><meta charset='utf-8'><title>eagle3lib run {html.escape(run_dir.name)}</title>"
