@@ -12,7 +12,7 @@ sequence length. This folder installs as `eagle3lib.kernels` (pyproject.toml map
 if __name__ == "kernels":
     # Imported under the top-level name `kernels`: the repository root is on sys.path (a command started from it), so
     # this folder shadows Hugging Face's `kernels` package, which transformers imports when it is installed. Hand the
-    # name over to that package, or fail as if this folder were not there.
+    # name over to that package, or, when it is not installed, look like a stray folder to transformers.
     import importlib.machinery
     import importlib.util
     import os
@@ -22,12 +22,16 @@ if __name__ == "kernels":
     _spec = importlib.machinery.PathFinder.find_spec(
         "kernels", [p for p in sys.path if os.path.abspath(p or os.curdir) != _root])
     if _spec is None:
-        del sys.modules["kernels"]
-        raise ModuleNotFoundError("No module named 'kernels' (this repository's kernels are eagle3lib.kernels)",
-                                  name="kernels")
-    _module = importlib.util.module_from_spec(_spec)
-    sys.modules["kernels"] = _module  # what the `import kernels` statement returns
-    _spec.loader.exec_module(_module)
+        # Hugging Face's package is not installed, but importlib.util.find_spec("kernels") finds this folder, and
+        # transformers (is_kernels_available) then imports it: raising here broke `from transformers import
+        # PreTrainedModel`. Look like what transformers takes for a stray folder instead (no __file__, no __version__:
+        # "a namespace package shadowing on sys.path, not a real install"), so it goes on without kernels.
+        __file__ = None  # noqa: A001
+        __all__: list[str] = []
+    else:
+        _module = importlib.util.module_from_spec(_spec)
+        sys.modules["kernels"] = _module  # what the `import kernels` statement returns
+        _spec.loader.exec_module(_module)
 else:
     from .api import (
         DraftLossConfig,

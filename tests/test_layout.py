@@ -168,3 +168,33 @@ def test_kernels_do_not_take_the_top_level_name(cwd):
     assert Path(ours) == KERNELS / "__init__.py"
     assert not Path(theirs).is_relative_to(ROOT / "kernels") and "site-packages" in theirs
     assert flags == "True True"  # Hugging Face's API, and transformers sees it
+
+
+def test_transformers_imports_from_the_repository_root_without_hugging_faces_kernels():
+    """An environment without HF's `kernels` (a team's own vLLM environment), started from the repository root:
+    find_spec("kernels") finds the top-level kernels/ folder, transformers imports it to read a version, and
+    `from transformers import PreTrainedModel` failed. The package's absence is simulated (the path finder sees no
+    `kernels` outside the repository root, no `kernels` distribution); transformers' own check then runs on the
+    folder as it ships."""
+    code = f"""
+import importlib.machinery, os
+root, find = {str(ROOT)!r}, importlib.machinery.PathFinder.find_spec
+def hidden(name, path=None, target=None):
+    if name == "kernels" and path is not None and root not in [os.path.abspath(p or os.curdir) for p in path]:
+        return None  # Hugging Face's kernels is not installed
+    return find(name, path, target)
+importlib.machinery.PathFinder.find_spec = hidden
+import importlib.metadata as md
+version = md.version
+def no_dist(name):
+    if name == "kernels":
+        raise md.PackageNotFoundError(name)  # nor its metadata
+    return version(name)
+md.version = no_dist
+from transformers import PreTrainedModel
+from transformers.utils import is_kernels_available
+import transformers.activations
+print(is_kernels_available())
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=str(ROOT))
+    assert out.returncode == 0 and out.stdout.split() == ["False"], out.stderr[-2000:]
