@@ -350,6 +350,30 @@ def test_resume_sets_a_damaged_shard_aside_and_redoes_its_samples(tmp_path):
     assert {p.name: p.read_bytes() for p in (root / "shards").glob("shard-0000[02].safetensors")} == kept
 
 
+@pytest.mark.parametrize("damage", ["store.json removed", "shard cut short", "shard deleted"])
+def test_a_damaged_store_is_not_skipped_as_complete(tmp_path, damage):
+    """extract said "complete, skipped" over a damaged store and train said "run the extract stage again", which did
+    nothing. The runner now sees the damage (names and sizes) and runs extract again, whose resume sets the damaged
+    shards aside and extracts only their samples (the test above)."""
+    from eagle3lib.core.manifest import StageTimer
+    from eagle3lib.pipeline.runner import damaged_outputs
+
+    root = _store(tmp_path / "extract")
+    m = StageTimer(root, {}).finish({"samples": 6})
+    assert damaged_outputs(root, m) is None
+    shard = root / "shards" / "shard-00001.safetensors"
+    if damage == "store.json removed":
+        (root / "store.json").unlink()
+        want = "store.json is missing"
+    elif damage == "shard cut short":
+        shard.write_bytes(shard.read_bytes()[:-10])
+        want = r"1 shard\(s\) missing or damaged \(shard-00001.safetensors\); 2 of its 6 samples are not in a sound shard"
+    else:
+        shard.unlink()
+        want = r"1 shard\(s\) missing or damaged \(shard-00001.safetensors\)"
+    assert re.search(rf"its store is damaged \(.*{want}", damaged_outputs(root, m))
+
+
 def test_unindexed_garbage_shard_named(tmp_path):
     from eagle3lib.data.hidden_store import HiddenStateReader, StoreError
 
@@ -503,7 +527,8 @@ def test_forced_rerun_that_fails_restores_the_finished_outputs(tmp_path):
     responses, and the extract stage after it must not count that failed attempt as new input."""
     run = tmp_path / "run"
     _complete_stage(run, "generate", {"shard-00000.jsonl": '{"id": "a", "status": "ok"}\n'})
-    _complete_stage(run, "extract", {"store.json": "{}", "shards/shard-00000.safetensors": "bytes"})
+    _complete_stage(run, "extract", {})
+    _store(run / "extract")  # a sound store (a damaged one is extracted again: the next test)
     before = {s: tree_digest(run / s) for s in ("generate", "extract")}
     r = subprocess.run([sys.executable, "-m", "eagle3lib", "run", "--run-dir", str(run), "--stages", "generate",
                         "--force", "--set", f"generate.dataset={tmp_path / 'missing.jsonl'}"],

@@ -136,6 +136,26 @@ def _set_aside_damaged(shard_dir: Path, entries: dict[str, dict[str, Any]]) -> l
     return damaged
 
 
+def store_problems(root: str | Path, expected_samples: int | None = None) -> list[str]:
+    """What is wrong with a store its manifest calls complete (cheap: names and sizes, no tensor read): a missing
+    store.json, indexed shards missing or of another size, fewer samples than the manifest counted. The extract
+    stage's resume repairs each (`repair_store`) and extracts only the samples they held."""
+    root = Path(root)
+    problems = [] if (root / STORE_META).exists() else [f"{STORE_META} is missing"]
+    try:
+        entries = read_index(root, strict=False)
+    except OSError as e:
+        return [*problems, f"its index cannot be read ({e})"]
+    bad = [name for name, e in entries.items()
+           if not (root / SHARDS_DIR / name).exists() or (root / SHARDS_DIR / name).stat().st_size != e.get("bytes", -1)]
+    if bad:
+        problems.append(f"{len(bad)} shard(s) missing or damaged ({', '.join(bad[:3])}{', ...' if len(bad) > 3 else ''})")
+    held = store_totals({k: v for k, v in entries.items() if k not in bad})["samples"]
+    if expected_samples is not None and held < expected_samples:
+        problems.append(f"{expected_samples - held} of its {expected_samples} samples are not in a sound shard")
+    return problems
+
+
 def repair_store(root: str | Path) -> list[str]:
     """Make a store clean for appending, while no writer runs: remove temporary files of killed writers, set damaged
     shards aside (returned: their samples are extracted again), and merge every index into index.jsonl (written

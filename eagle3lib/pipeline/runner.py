@@ -24,6 +24,7 @@ from eagle3lib.core.manifest import manifest_time, now_iso, read_manifest, updat
 from eagle3lib.core.paths import NOTEBOOKS_DIR, REPO_ROOT
 from eagle3lib.core.progress import HEADLESS_ENV
 from eagle3lib.core.stage_lock import stage_lock
+from eagle3lib.data.store_index import store_problems
 from eagle3lib.pipeline.index import write_index
 from eagle3lib.pipeline.kernel import ipc_kernel_manager
 from eagle3lib.pipeline.preflight import preflight
@@ -136,6 +137,15 @@ def stale_reason(run_dir: Path, name: str) -> str | None:
     if completed and completed > started:
         return f"{upstream} was re-run after it ({completed.isoformat()})"
     return None
+
+
+def damaged_outputs(stage_dir: Path, m: dict[str, Any]) -> str | None:
+    """Why a complete stage's outputs can no longer be trusted (None if they can): the extract stage's store, checked
+    by names and sizes. Without this a damaged store was "complete, skipped" while training said to extract again."""
+    if stage_dir.name != "extract":
+        return None
+    problems = store_problems(stage_dir, (m.get("figures") or {}).get("samples"))
+    return f"its store is damaged ({'; '.join(problems)})" if problems else None
 
 
 # Files every attempt writes before any result: a failed attempt with nothing else produced nothing worth keeping.
@@ -330,6 +340,9 @@ def _run_locked(i: int, stage: Stage, selected: list[Stage], prof, profile_arg: 
         from_scratch = _SetAside(stage_dir)
     elif force:  # from scratch: resumable stages would otherwise resume
         from_scratch = _SetAside(stage_dir)
+    elif m and m.get("status") == "complete" and not stage.always_run and (damage := damaged_outputs(stage_dir, m)):
+        # resumed, not redone: the stage sets what is damaged aside and makes only what is missing again
+        _say(f"[{i}/{len(selected)}] {stage.name}: complete, but {damage}: running it again for what is missing")
     elif m and m.get("status") == "complete" and not stage.always_run:
         diffs = _param_diff(m.get("params", {}), expected)
         note = f" (parameters changed: {'; '.join(diffs)}; use --force to re-run)" if diffs else ""
