@@ -15,6 +15,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+import torch
 
 from eagle3lib.config.extract import ExtractConfig
 from eagle3lib.config.stages import open_stage
@@ -227,3 +228,75 @@ def test_vllm_fed_online_matches_offline_within_its_staging_budget(runs, dataset
     assert 0 < m["figures"]["states_peak_staged_bytes"] <= budget_gb * 1e9
     worst = _same_curve(_curve(ref_ctx.dir), _curve(ctx.dir), atol=1e-4)  # measured: 7.5e-7
     print(f"online vLLM-fed vs offline HF-extracted fp32: largest difference {worst:.2e}")
+
+
+# ------------------------------------------------------------------------------------------------ budgets that hold
+
+
+def test_online_computes_only_what_a_row_keeps(tiny_verifier, one_thread):
+    """A stored sample longer than train.packed_row_tokens: rows keep its first packed_row_tokens tokens, so the
+    verifier computes only those (it computed, staged and cached the whole sample, and the staging pre-check sized it
+    cut: a run that passed it could die mid-training). The states are the offline store's first rows (causal)."""
+    from train_fixtures import cached_store
+
+    from eagle3lib.data.hidden_store import HiddenStateReader
+    from eagle3lib.model.hf_extract import HFExtractor
+    from eagle3lib.training.states import OnlineStates
+
+    reader = HiddenStateReader(cached_store(tiny_verifier, 300))
+    long = [i for i in range(len(reader)) if reader.lengths[i] > 60][:2]
+    ex = HFExtractor(str(tiny_verifier), reader.meta["aux_layer_ids"], dtype="float32", device="cpu")
+    states = OnlineStates(reader, ex, "bfloat16", max_tokens=48)
+    got = states.fetch(long, epoch=0)
+    assert [len(got[i]) for i in long] == [48, 48] and states.counts.computed_tokens == 96
+    for i in long:
+        stored = reader[i]
+        assert torch.equal(got[i].input_ids, stored.input_ids[:48])
+        torch.testing.assert_close(got[i].aux_hidden.float(), stored.aux_hidden[:48].float(), atol=0.05, rtol=0.02)
+
+
+def test_the_staging_check_counts_validation_and_the_cut():
+    """The largest micro-batch the staging folder must hold: validation's too (not counted before), each sample cut at
+    packed_row_tokens as computed. Sizes in tokens (one byte per token) to read the answer off."""
+    from types import SimpleNamespace
+
+    from eagle3lib.data.packing import Plan, deal
+    from eagle3lib.training.states import max_micro_batch_bytes
+
+    lengths = [10, 20, 30, 40, 900]  # sample 4 (validation) is longer than a row
+    cfg = SimpleNamespace(packed_row_tokens=256, micro_batch_rows=1)
+    plan = Plan(steps=[[[[0], [1]], [[2], [3]]]], epochs=1.0, total_steps=2, epoch_steps=[2])
+    assert max_micro_batch_bytes(plan, deal, lengths, cfg, 2, lambda n: n) == 40
+    assert max_micro_batch_bytes(plan, deal, lengths, cfg, 2, lambda n: n, vrows=[[4]]) == 256
+
+
+def test_the_hybrid_cache_holds_its_budget_after_a_resume_at_another_world_size(tmp_path):
+    """cache_budget_gb bounds the cache folder: a run resumed with 2 processes after 4 finds four rank caches; each
+    rank's share was budget / world on top of them (~1.5x the budget seen). Now the shares are of what is left."""
+    from eagle3lib.data.hidden_store import HiddenSample, HiddenStateWriter
+    from eagle3lib.data.store_index import read_index, store_totals
+    from eagle3lib.training.states import StatesCache
+
+    meta = {"verifier": "x", "hidden_size": 8, "vocab_size": 64, "num_layers": 8, "aux_layer_ids": [2, 4, 5]}
+
+    def sample(name: str) -> HiddenSample:
+        return HiddenSample(name, torch.arange(50), torch.ones(50, dtype=torch.bool), torch.zeros(50, 3, 8),
+                            torch.zeros(50, 8))
+
+    root = tmp_path / "states-cache"
+    for r in range(4):  # the first run: 4 processes, 2 samples cached each
+        with HiddenStateWriter(root / f"rank-{r}", meta, samples_per_shard=1, dtype="bfloat16") as w:
+            for j in range(2):
+                w.add(sample(f"r{r}-{j}"))
+
+    def used() -> int:
+        return sum(store_totals(read_index(d, strict=False))["bytes"] for d in root.glob("rank-*"))
+
+    budget = used() * 1.5
+    caches = [StatesCache(root, meta, "bfloat16", budget, rank, 2) for rank in range(2)]  # resumed with 2
+    for k in range(20):
+        for c in caches:
+            c.offer(sample(f"new-{c.writer.root.name}-{k}"))
+    for c in caches:
+        c.seal()
+    assert all(c.full for c in caches) and used() <= budget

@@ -43,10 +43,10 @@ class TrainConfig(TorchrunConfig):
     # the verifier computes each micro-batch's states as training consumes them (extract.backend: hf in this process,
     # vllm from a server through a bounded staging folder), nothing stored; hybrid: online, and the states of the
     # first epoch are kept up to cache_budget_gb for the later epochs. The extract stage then stores tokens only
-    cache_budget_gb: float = Field(0.0, ge=0)  # hybrid: disk for the states of the first epoch (RUN_DIR/train/
-    # states-cache/); what does not fit is computed again in later epochs
+    cache_budget_gb: float = Field(0.0, ge=0)  # hybrid: disk for the states of the first epoch's training samples
+    # (RUN_DIR/train/states-cache/, all ranks together); what does not fit is computed again in later epochs
     staging_budget_gb: float = Field(1.0, gt=0)  # online with extract.backend=vllm: the most bytes of hidden states
-    # waiting in the staging folder; the requests wait when it is full (shared storage when server and trainer differ)
+    # waiting in each process's staging folder (one server and folder per rank); the requests wait when it is full
     server_restarts: int = Field(3, ge=0)  # online with extract.backend=vllm: a server that dies mid-run is started
     # again this many times (the generate stage's policy); the micro-batches it was computing are asked again
 

@@ -232,8 +232,8 @@ class Trainer:
                     self.cfg.micro_batch_rows)[self.rank]
         return [self.collate_rows(mb, e) for mb in mine]
 
-    def collate_rows(self, rows: list[list[int]], epoch: int):
-        got = self.states.fetch([i for r in rows for i in r], epoch) if self.states else None
+    def collate_rows(self, rows: list[list[int]], epoch: int, offer: bool = True):
+        got = self.states.fetch([i for r in rows for i in r], epoch, offer) if self.states else None
         return collate(self.reader, rows, self.cfg.packed_row_tokens, got)
 
     def run(self) -> dict[str, Any]:

@@ -36,14 +36,16 @@ from eagle3lib.data.hidden_store import (
     as_stored,
     bytes_per_token,
 )
+from eagle3lib.data.store_index import read_index, store_totals
 
 GB = 1e9
 CACHE_DIR = "states-cache"
 SHARD_BYTES = 1 << 30  # cache shards of about 1 GiB (64 Kimi samples of 2K tokens would be 7 GiB)
 
 
-def as_tokenized(s: HiddenSample) -> Tokenized:
-    return Tokenized(s.sample_id, s.input_ids.numpy().astype("int32"), s.loss_mask.numpy().astype(bool))
+def as_tokenized(s: HiddenSample, n: int | None = None) -> Tokenized:
+    """The sample's first n tokens (all when n is None), as the extractors take them."""
+    return Tokenized(s.sample_id, s.input_ids[:n].numpy().astype("int32"), s.loss_mask[:n].numpy().astype(bool))
 
 
 @dataclass
@@ -67,10 +69,16 @@ class StatesCache:
 
     def __init__(self, root: Path, meta: dict[str, Any], dtype: str, budget_bytes: float, rank: int, world: int):
         self.root = root
-        self.budget = budget_bytes / world  # each rank keeps its share; ranks see the same number of samples
         self.bpt = bytes_per_token(int(meta["hidden_size"]), dtype, len(meta["aux_layer_ids"]))
         self.writer = HiddenStateWriter(root / f"rank-{rank}", meta, samples_per_shard=64, dtype=dtype,
                                         max_shard_bytes=SHARD_BYTES)
+        # The budget bounds the whole cache folder: each rank adds an equal share of what is left. A run resumed at
+        # another world size finds caches of ranks it no longer has (or rank caches larger than its share): those
+        # bytes count too, so the folder stays within cache_budget_gb (a share of budget / world alone was exceeded)
+        own = self.writer.totals()["bytes"]
+        others = sum(store_totals(read_index(d, strict=False))["bytes"] for d in sorted(root.glob("rank-*"))
+                     if d.name != f"rank-{rank}")
+        self.budget = own + max(0.0, budget_bytes - others - own) / world
         self.full = False
         self.lookup: dict[str, tuple[HiddenStateReader, int]] = {}
         self.refresh()
@@ -115,8 +123,12 @@ class OnlineStates:
     setup_s: float = 0.0  # loading the verifier (or starting its server)
     restarts_left: int = 0  # train.server_restarts not used yet
     check: dict[str, Any] = field(default_factory=dict)  # the final-state check's figures
+    max_tokens: int | None = None  # train.packed_row_tokens: a row keeps a sample's first tokens only, so the verifier
+    # computes (and the staging folder and the cache hold) no more than those; causal, so the states are the same
 
-    def fetch(self, indices: list[int], epoch: int) -> dict[int, HiddenSample]:
+    def fetch(self, indices: list[int], epoch: int, offer: bool = True) -> dict[int, HiddenSample]:
+        """The samples with their states; offer=False (validation) keeps them out of the hybrid cache, which holds
+        the training split's first epoch."""
         out: dict[int, HiddenSample] = {}
         todo: list[HiddenSample] = []
         keys: list[int] = []
@@ -132,15 +144,16 @@ class OnlineStates:
                 keys.append(i)
         if todo:
             t0 = time.time()
-            results = self._extract([as_tokenized(s) for s in todo])
+            results = self._extract([as_tokenized(s, self.max_tokens) for s in todo])
             self.counts.verifier_s += time.time() - t0
             for i, s, (_, aux, final) in zip(keys, todo, results, strict=True):
-                hs = HiddenSample(s.sample_id, s.input_ids, s.loss_mask, as_stored(aux, self.dtype),
+                n = aux.shape[0]
+                hs = HiddenSample(s.sample_id, s.input_ids[:n], s.loss_mask[:n], as_stored(aux, self.dtype),
                                   as_stored(final, self.dtype))
                 out[i] = hs
                 self.counts.computed_samples += 1
                 self.counts.computed_tokens += len(hs)
-                if self.cache is not None and epoch == 0:
+                if self.cache is not None and epoch == 0 and offer:
                     self.cache.offer(hs)
         return out
 
@@ -168,24 +181,35 @@ class OnlineStates:
             close()
 
 
-def cache_meta(reader_meta: dict[str, Any]) -> dict[str, Any]:
-    """The cache's store meta: the verifier and layers of the tokens store (a cache of another verifier is refused)."""
+def cache_meta(reader_meta: dict[str, Any], packed_row_tokens: int) -> dict[str, Any]:
+    """The cache's store meta: the verifier and layers of the tokens store (a cache of another verifier is refused),
+    and the length its samples are cut at (rows keep packed_row_tokens of a sample)."""
     keys = ("verifier", "num_layers", "hidden_size", "vocab_size", "aux_layer_ids", "max_sample_tokens")
-    return {k: reader_meta[k] for k in keys if k in reader_meta}
+    meta = {k: reader_meta[k] for k in keys if k in reader_meta}
+    meta["max_sample_tokens"] = min(int(meta.get("max_sample_tokens") or packed_row_tokens), packed_row_tokens)
+    return meta
 
 
 def tensor_counts(counts: StateCounts) -> torch.Tensor:
     return torch.tensor(counts.as_list(), dtype=torch.float64)
 
 
-def max_micro_batch_bytes(plan, deal_fn, lengths: list[int], cfg, world: int, bpt_staged) -> int:
-    """The most staging bytes one micro-batch of the plan needs (the staging budget must hold at least that)."""
+def max_micro_batch_bytes(plan, deal_fn, lengths: list[int], cfg, world: int, bpt_staged,
+                          vrows: list[list[int]] = ()) -> int:
+    """The most staging bytes one micro-batch of this process needs, training's and validation's (the staging budget
+    must hold at least that); samples count as computed: cut at packed_row_tokens (OnlineStates.max_tokens)."""
+    def size(mb) -> int:
+        return sum(bpt_staged(min(lengths[i], cfg.packed_row_tokens)) for r in mb for i in r)
+
     most = 0
     for epoch in plan.steps:
         for rows in epoch:
             for per_rank in deal_fn(rows, lengths, cfg.packed_row_tokens, world, cfg.micro_batch_rows):
-                for mb in per_rank:
-                    most = max(most, sum(bpt_staged(min(lengths[i], cfg.packed_row_tokens)) for r in mb for i in r))
+                most = max([most, *(size(mb) for mb in per_rank)])
+    for rank in range(world):  # validation: each rank takes every world-th row, micro_batch_rows at a time
+        mine = list(vrows)[rank::world]
+        for j in range(0, len(mine), cfg.micro_batch_rows):
+            most = max(most, size(mine[j: j + cfg.micro_batch_rows]))
     return most
 
 
@@ -222,7 +246,7 @@ def open_states(t, ecfg, vcfg, log) -> OnlineStates:
         from eagle3lib.vllm.hidden_states import staged_bytes
 
         need = max_micro_batch_bytes(t.plan, deal, t.lengths, cfg, t.world,
-                                     lambda n: staged_bytes(n, len(t.aux_ids) + 1, H))
+                                     lambda n: staged_bytes(n, len(t.aux_ids) + 1, H), t.vrows)
         if need > staging:
             raise TrainingError(f"train.staging_budget_gb={cfg.staging_budget_gb}: {staging:,} bytes cannot hold one "
                                 f"micro-batch's hidden states ({need:,} bytes for the largest of this plan's "
@@ -231,7 +255,7 @@ def open_states(t, ecfg, vcfg, log) -> OnlineStates:
     cache = None
     if cfg.hidden_states == "hybrid":
         try:
-            cache = StatesCache(t.out_dir / CACHE_DIR, cache_meta(t.reader.meta), ecfg.dtype, cfg.cache_budget_gb * GB,
+            cache = StatesCache(t.out_dir / CACHE_DIR, cache_meta(t.reader.meta, cfg.packed_row_tokens), ecfg.dtype, cfg.cache_budget_gb * GB,
                                 t.rank, t.world)
         except ValueError as e:  # StoreError: a cache of another verifier, layers or dtype
             raise TrainingError(f"train.hidden_states=hybrid: {e}") from None
@@ -242,7 +266,7 @@ def open_states(t, ecfg, vcfg, log) -> OnlineStates:
                                t.out_dir / f"online-{ecfg.backend}-rank{t.rank}", staging,
                                getattr(t.vconf, "max_position_embeddings", None))
     states = OnlineStates(t.reader, extractor, ecfg.dtype, cache, setup_s=time.time() - t0,
-                          restarts_left=cfg.server_restarts)
+                          restarts_left=cfg.server_restarts, max_tokens=cfg.packed_row_tokens)
     if ecfg.final_state_check and hasattr(extractor, "reference"):
         first = [as_tokenized(t.reader[i]) for i in t.split.train[: ecfg.final_state_check]]
         try:

@@ -24,7 +24,7 @@ def validate(t) -> dict[str, Any]:
     ones = torch.ones(K, device=device)
     for i in range(n_mb):
         rows = mine[i * cfg.micro_batch_rows : (i + 1) * cfg.micro_batch_rows]
-        mb = t.collate_rows(rows or t.vrows[:1], t.plan.locate(t.progress.step - 1)[0])
+        mb = t.collate_rows(rows or t.vrows[:1], t.plan.locate(t.progress.step - 1)[0], offer=False)
         with t.amp():
             _, st = t.module(mb.to(device), ones)
         if rows:
