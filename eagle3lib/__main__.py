@@ -113,8 +113,22 @@ def _serve(args) -> int:
     print("$ " + " ".join(cmd), file=sys.stderr, flush=True)
     if args.dry_run:
         return 0
+    _port_free(args.host, args.port)
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(vcfg.kv_cache_gib))
     os.execv(cmd[0], cmd)
+
+
+def _port_free(host: str, port: int) -> None:
+    """A port another process listens on: one line now, instead of vLLM's 40-line traceback after its start-up."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as vLLM binds: a port in TIME_WAIT is free
+        try:
+            sock.bind((host, port))
+        except OSError as e:
+            raise ValueError(f"--port {port}: cannot listen on {host}:{port} ({e.strerror}); another server is there, "
+                             "choose another port") from None
 
 
 if __name__ == "__main__":

@@ -236,6 +236,20 @@ def test_a_byte_order_mark_is_read_and_a_json_array_is_named(tmp_path):
         load_conversations(array)
 
 
+def test_parquet_messages_stored_as_a_json_string_are_read(tmp_path):
+    """Parquet exports often keep `messages` as a JSON string: read it (was: "messages[0] has no 'role'")."""
+    import polars as pl
+
+    from eagle3lib.data.datasets import DatasetError, load_conversations
+
+    turns = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
+    pq = tmp_path / "d.parquet"
+    pl.DataFrame({"messages": [json.dumps(turns), "not json"]}).write_parquet(pq)
+    with pytest.raises(DatasetError, match=rf"{pq}:2: 'messages' is a string that is not a JSON list"):
+        load_conversations(pq)
+    assert [c.messages for c in load_conversations(pq, on_bad_record="skip")] == [turns]
+
+
 def test_duplicate_ids_name_both_lines(tmp_path):
     from eagle3lib.config.generate import GenerateConfig
     from eagle3lib.data.datasets import DatasetError
@@ -596,6 +610,31 @@ def test_a_second_run_of_a_stage_on_the_same_run_dir_stops_naming_the_first(caps
     assert tree_digest(run / "train") == before
     with stage_lock(run, "train"):  # released when the holder ends (or dies: the kernel drops an flock)
         pass
+
+
+@pytest.mark.slow
+def test_force_starts_over_a_stage_whose_manifest_is_damaged(capsys, tmp_path):
+    """A truncated manifest blocked even --force ("not valid JSON"); --force now sets the folder aside and runs."""
+    run = tmp_path / "run"
+    (run / "verifier").mkdir(parents=True)
+    (run / "verifier" / "manifest.json").write_text('{"status": "comp')
+    assert main(["run", "--run-dir", str(run), "--stages", "verifier"]) == 2  # without --force: named, kept
+    assert "verifier/manifest.json: not valid JSON" in capsys.readouterr().err
+    code = main(["run", "--run-dir", str(run), "--stages", "verifier", "--force", "--set", "verifier_report.serve=false"])
+    assert code == 0 and json.loads((run / "verifier" / "manifest.json").read_text())["status"] == "complete"
+
+
+def test_serve_on_a_port_in_use_is_one_line(tmp_path):
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        r = subprocess.run([sys.executable, "-m", "eagle3lib", "serve", "--port", str(port)], capture_output=True,
+                           text=True, timeout=120)
+    assert r.returncode == 2 and f"--port {port}: cannot listen on 127.0.0.1:{port}" in r.stderr, r.stderr[-2000:]
+    assert "Traceback" not in r.stderr
 
 
 # ------------------------------------------------------------------------------------------------------ disk full

@@ -136,8 +136,15 @@ def _normalise_messages(rec: dict[str, Any]) -> list[dict[str, Any]]:
     if bench is not None:
         return bench[0]
     if "messages" in rec:
-        msgs = []
-        for j, m in enumerate(rec["messages"]):
+        msgs, turns = [], rec["messages"]
+        if isinstance(turns, str):  # Parquet exports often keep the list as a JSON string
+            try:
+                turns = json.loads(turns)
+            except json.JSONDecodeError:
+                raise ValueError("'messages' is a string that is not a JSON list of messages") from None
+        if not isinstance(turns, list):
+            raise ValueError(f"'messages' must be a list of messages, got {type(turns).__name__}")
+        for j, m in enumerate(turns):
             if not isinstance(m, dict) or "role" not in m:
                 raise ValueError(f"messages[{j}] has no 'role'")
             if m["role"] not in OPENAI_ROLES:

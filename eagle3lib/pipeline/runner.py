@@ -259,8 +259,10 @@ class _SharedServer:
 
 
 def _will_run(stage: Stage, run_dir: Path, force: bool) -> bool:
+    if force or stage.always_run:
+        return True  # (a forced stage's manifest is not read: a damaged one goes aside with its folder)
     m = read_manifest(run_dir / stage.name)
-    return force or stage.always_run or not (m and m.get("status") == "complete") or bool(stale_reason(run_dir, stage.name))
+    return not (m and m.get("status") == "complete") or bool(stale_reason(run_dir, stage.name))
 
 
 def select_stages(stages: list[str] | None) -> list[Stage]:
@@ -332,8 +334,13 @@ def _run_locked(i: int, stage: Stage, selected: list[Stage], prof, profile_arg: 
                 overrides: dict[str, Any], force: bool, shared: _SharedServer) -> str | None:
     expected = stage_params(prof, stage)
     stage_dir = run_dir / stage.name
-    m = read_manifest(stage_dir)
-    stale = stale_reason(run_dir, stage.name)
+    try:
+        m = read_manifest(stage_dir)
+    except ValueError:
+        if not force:
+            raise
+        m = None  # --force starts the stage over: its damaged manifest goes aside with the rest of the folder
+    stale = None if force else stale_reason(run_dir, stage.name)
     from_scratch = None
     if stale and m and m.get("status") == "complete" and not stage.always_run and not force:
         _say(f"[{i}/{len(selected)}] {stage.name}: {stale}: running it again from scratch")
