@@ -637,6 +637,37 @@ def test_serve_on_a_port_in_use_is_one_line(tmp_path):
     assert "Traceback" not in r.stderr
 
 
+def test_a_server_url_that_is_not_vllm_is_named_without_its_html(tmp_path):
+    """verifier.server_url at another HTTP server (a web page, a proxy's error page) printed the HTML; now the key, the
+    status and the page's text in one line."""
+    import threading
+    from http.server import HTTPServer, SimpleHTTPRequestHandler
+
+    from eagle3lib.config.verifier import VerifierConfig
+    from eagle3lib.vllm.endpoint import ServerError, verifier_endpoint
+
+    (tmp_path / "index.html").write_text("<html><head><style>p{}</style></head><body><h1>Welcome</h1></body></html>")
+
+    class Quiet(SimpleHTTPRequestHandler):
+        def __init__(self, *a, **kw):
+            super().__init__(*a, directory=str(tmp_path), **kw)
+
+        def log_message(self, *a):
+            pass
+
+    httpd = HTTPServer(("127.0.0.1", 0), Quiet)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{httpd.server_port}"
+    try:
+        with pytest.raises(ServerError) as e:
+            verifier_endpoint(VerifierConfig(model="builtin:tiny", server_url=url), 5.0)
+    finally:
+        httpd.shutdown()
+    msg = str(e.value)
+    assert msg.startswith(f"verifier.server_url: {url}/v1/models answered HTTP 404 (text/html: ") and "<" not in msg, msg
+    assert msg.endswith("is it a vLLM (OpenAI API) server?") and len(msg) < 400
+
+
 # ------------------------------------------------------------------------------------------------------ disk full
 
 

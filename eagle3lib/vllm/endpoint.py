@@ -8,6 +8,7 @@ field, a manifest or a log.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -69,11 +70,19 @@ def _models(url: str, headers: dict[str, str], connect_timeout_s: float) -> list
         raise ServerError(f"cannot reach the verifier server at {url} (connect timeout {connect_timeout_s:g} s): "
                           f"{type(e).__name__}: {e}") from e
     if r.status_code != 200:
-        raise ServerError(f"{url}/v1/models answered HTTP {r.status_code}: {r.text[:300]}")
+        raise ServerError(f"{url}/v1/models answered HTTP {r.status_code} ({_gist(r)}): is it a vLLM (OpenAI API) server?")
     try:
         return [m["id"] for m in r.json()["data"]]
-    except (ValueError, KeyError, TypeError) as e:
-        raise ServerError(f"{url}/v1/models: not an OpenAI model list ({type(e).__name__}: {e})") from e
+    except (ValueError, KeyError, TypeError):
+        raise ServerError(f"{url}/v1/models: not an OpenAI model list ({_gist(r)}): is it a vLLM (OpenAI API) "
+                          "server?") from None
+
+
+def _gist(r: httpx.Response) -> str:
+    """What answered, in one short line: an HTML page's text without its markup, not the page."""
+    kind = r.headers.get("content-type", "no content type").split(";")[0]
+    text = " ".join(re.sub(r"<(script|style)[^>]*>.*?</\1>|<[^>]+>", " ", r.text[:4000], flags=re.S | re.I).split())
+    return f"{kind}: {text[:120]!r}" if text else kind
 
 
 def connect_endpoint(url: str, *, model: str | None = None, api_key_env: str | None = None,
@@ -96,5 +105,10 @@ def connect_endpoint(url: str, *, model: str | None = None, api_key_env: str | N
 def verifier_endpoint(verifier_cfg, connect_timeout_s: float, base_url: str | None = None) -> Endpoint:
     """The profile's running verifier server (`base_url`, else the first of `verifier.server_url`), with its API key
     variable."""
-    return connect_endpoint(base_url or verifier_cfg.server_urls[0], model=verifier_cfg.served_model_name,
-                            api_key_env=verifier_cfg.api_key_env, connect_timeout_s=connect_timeout_s)
+    try:
+        return connect_endpoint(base_url or verifier_cfg.server_urls[0], model=verifier_cfg.served_model_name,
+                                api_key_env=verifier_cfg.api_key_env, connect_timeout_s=connect_timeout_s)
+    except ServerError as e:
+        if base_url:
+            raise
+        raise ServerError(f"verifier.server_url: {e}") from None
