@@ -752,3 +752,13 @@ def test_resume_falls_back_past_a_damaged_checkpoint(tmp_path, one_thread, capsy
     out = capsys.readouterr().out
     assert m["figures"]["resumed_from_step"] == 4 and m["figures"]["steps"] == 8
     assert f"skipped a damaged checkpoint: {newest}: damaged weights" in out
+    # a hand-edited metrics record (a step that is not a number) was a TypeError traceback on the next resume
+    from eagle3lib.stages.train import main as train_main
+
+    metrics = run / "train" / "metrics.jsonl"
+    lines = metrics.read_text().splitlines()
+    lines[1] = json.dumps({**json.loads(lines[1]), "step": "two"})
+    metrics.write_text("\n".join(lines) + "\n")
+    argv = ["--profile", "tiny", "--run-dir", str(run), "--overrides-json", json.dumps({**over, "train.max_steps": 10})]
+    assert train_main(argv) == 1
+    assert f"[train] error: {metrics}:2: step is 'two', not a number; fix or delete that line" in capsys.readouterr().err

@@ -19,6 +19,7 @@ from eagle3lib.config.stages import open_stage
 from eagle3lib.trackers.base import TrackerError
 from eagle3lib.training.launch import launch
 from eagle3lib.training.loop import TrainingError, TrainingInterrupted, train
+from eagle3lib.training.metrics import MetricsError
 
 run = launch  # what the notebook calls
 
@@ -39,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     except TrainingInterrupted as e:
         print(f"[train] {e}", flush=True)
         return 0
-    except (TrainingError, TrackerError) as e:
+    except (TrainingError, TrackerError, MetricsError) as e:
         print(f"[train] error: {e}", file=sys.stderr, flush=True)
         return 1
     return 0

@@ -24,17 +24,25 @@ import torch
 from eagle3lib.core.atomic import write_text_atomic
 
 
+class MetricsError(ValueError):
+    """A metrics.jsonl record that parses but cannot be one of ours (a hand edit, another tool's line)."""
+
+
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
     path = Path(path)
     if not path.exists():
         return []
     out = []
-    for line in path.read_text(encoding="utf-8").splitlines():
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
         try:
             rec = json.loads(line)
         except json.JSONDecodeError:
             continue  # torn last line of a killed writer
         if isinstance(rec, dict):
+            step = rec.get("step", 0)
+            if isinstance(step, bool) or not isinstance(step, int | float):
+                raise MetricsError(f"{path}:{n}: step is {step!r}, not a number; fix or delete that line (a resumed run "
+                                   "rewrites the records after its checkpoint)")
             out.append(rec)
     return out
 
