@@ -668,6 +668,40 @@ def test_a_server_url_that_is_not_vllm_is_named_without_its_html(tmp_path):
     assert msg.endswith("is it a vLLM (OpenAI API) server?") and len(msg) < 400
 
 
+def test_the_cause_of_a_rank_failure_is_found_in_torchruns_output():
+    """The line that says why, out of a rank's traceback and torchrun's own report (the shapes torch 2.13 prints)."""
+    from eagle3lib.core.torchrun import failure_cause
+
+    traceback = ["[rank1]: Traceback (most recent call last):", '[rank1]:   File "loop.py", line 9, in train',
+                 "[rank1]:     raise ValueError('bad')", "[rank1]: ValueError: the store has 3 samples",
+                 "E1203 12:00:00.000 torch.distributed.elastic.multiprocessing.api: [ERROR] failed (exitcode: 1)",
+                 "torch.distributed.elastic.multiprocessing.errors.ChildFailedError:", "  exitcode  : 1 (pid: 7)"]
+    assert failure_cause(traceback) == "ValueError: the store has 3 samples"
+    assert failure_cause(["[train] error: train.init_from: no such folder", *traceback]) == "train.init_from: no such folder"
+    assert failure_cause(["Killed", "  exitcode  : -9 (pid: 7)"]) is None  # the caller says "exit code -9"
+
+
+@pytest.mark.slow
+def test_a_failing_rank_is_one_line_with_torchruns_report_in_the_log(tiny_verifier, tmp_path):
+    """A rank that fails under torchrun: its one-line cause, and the ~30 lines of torchrun's ChildFailedError in
+    train/train.log instead of the error (a validation split that leaves no training samples: known to a rank only)."""
+    from train_fixtures import cached_store, make_run_dir
+
+    from eagle3lib.config.stages import open_stage
+    from eagle3lib.training.launch import launch
+    from eagle3lib.training.setup import TrainingError
+
+    run = make_run_dir(tmp_path / "run", cached_store(tiny_verifier, 300))
+    ctx = open_stage("train", "tiny", run, {"train.nproc_per_node": 2, "train.val_fraction": 0.999,
+                                             "train.val_max_samples": 1000})
+    with pytest.raises(TrainingError) as e:
+        launch(ctx, echo=lambda _l: None)
+    msg = str(e.value)
+    assert re.fullmatch(r"training failed: TrainingError: \S+extract: no training samples left after the validation split \(300 "
+                        r"samples\) \(every process's output: \S+/train/train.log\)", msg), msg
+    assert "ChildFailedError" in (run / "train" / "train.log").read_text()
+
+
 # ------------------------------------------------------------------------------------------------------ disk full
 
 

@@ -4,10 +4,12 @@ nproc_per_node * nnodes > 1 (eagle3lib/config/launch.py), its console lines stre
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
 from eagle3lib.core.guard import popen_guarded
 
@@ -34,16 +36,20 @@ def torchrun_env(nproc_per_node: int) -> dict[str, str]:
 
 
 def run_streamed(cmd: list[str], cwd: str, env: dict[str, str], show: Callable[[str], bool],
-                 echo=print) -> tuple[int, list[str]]:
-    """Run `cmd`, echoing the lines `show` accepts; returns (exit code, the last 60 lines). Interrupting (a notebook's
-    stop button) sends SIGTERM to the whole group, so the processes save what they did and the next launch resumes."""
+                 echo=print, log_path: str | Path | None = None) -> tuple[int, list[str]]:
+    """Run `cmd`, echoing the lines `show` accepts and appending every line to `log_path`; returns (exit code, the last
+    60 lines). Interrupting (a notebook's stop button) sends SIGTERM to the whole group, so the processes save what
+    they did and the next launch resumes."""
     echo("$ " + " ".join(cmd))
     proc = popen_guarded(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1, env=env, cwd=cwd)
     tail: list[str] = []
+    log = open(log_path, "a", encoding="utf-8") if log_path else None  # noqa: SIM115 (closed below)
     try:
         for line in proc.stdout:
             line = line.rstrip("\n")
             tail = (tail + [line])[-60:]
+            if log:
+                log.write(line + "\n")
             if show(line):
                 echo(line)
         proc.wait()
@@ -51,4 +57,23 @@ def run_streamed(cmd: list[str], cwd: str, env: dict[str, str], show: Callable[[
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait()
         raise
+    finally:
+        if log:
+            log.close()
     return proc.returncode, tail
+
+
+# A rank's own one-line error ("[train] error: ..."), else the last exception line of a traceback (torchrun prefixes
+# each rank's lines with "[rankN]:"), else nothing: torchrun's ChildFailedError report is ~30 lines of its own
+_OWN_ERROR = re.compile(r"^(?:\[rank\d+\]:\s*)?\[(?:train|extract)[^\]]*\] error: (.+)$")
+_EXCEPTION = re.compile(r"^(?:\[rank\d+\]:\s*)?((?:[\w.]+\.)?\w*(?:Error|Exception|Interrupt)\b.*)$")
+
+
+def failure_cause(tail: list[str]) -> str | None:
+    """The one line that says why a torchrun process failed, from the last lines of its output."""
+    for pattern in (_OWN_ERROR, _EXCEPTION):
+        for line in reversed(tail):  # the last one: a chained exception's outermost
+            m = pattern.match(line.strip())
+            if m and "ChildFailedError" not in line and not line.strip().startswith("torch.distributed"):
+                return m.group(1)
+    return None

@@ -35,7 +35,7 @@ import torch
 
 from eagle3lib.core import ranks
 from eagle3lib.core.manifest import StageTimer, read_manifest
-from eagle3lib.core.torchrun import run_streamed, torchrun_command, torchrun_env
+from eagle3lib.core.torchrun import failure_cause, run_streamed, torchrun_command, torchrun_env
 from eagle3lib.data.chat_tokens import ChatTokenizer, Tokenized, TokenizeStats
 from eagle3lib.data.datasets import Conversation, DatasetError, load_conversations
 from eagle3lib.data.hidden_store import (
@@ -385,15 +385,16 @@ def run(ctx, *, echo=print) -> dict[str, Any]:
     args = ["--profile", str(ctx.profile.path), "--run-dir", str(ctx.run_dir),
             "--overrides-json", json.dumps(ctx.profile.overrides)]
     ctx.dir.mkdir(parents=True, exist_ok=True)  # the processes start in it (not the repository: see training/launch.py)
+    log = ctx.dir / "extract.log"  # every rank's output; the error names the line that says why
     code, tail = run_streamed(torchrun_command(cfg, "eagle3lib.stages.extract", args), str(ctx.dir),
-                              torchrun_env(cfg.nproc_per_node), lambda line: line.startswith("[extract"), echo)
+                              torchrun_env(cfg.nproc_per_node), lambda line: line.startswith("[extract"), echo, log)
     m = read_manifest(ctx.dir) or {}
     if code == 0 and cfg.nnodes > 1 and m.get("status") != "complete":
         echo(f"[extract] this node's ranks finished; rank 0 ran on another node and wrote the manifest to its {ctx.dir}")
         return {"figures": {}, "outputs": {}, "out_dir": ctx.dir}
     if code != 0 or m.get("status") != "complete":
-        raise ExtractError(f"extraction failed (exit code {code}): {m.get('error') or ''}\n--- last output lines ---\n"
-                           + "\n".join(tail[-30:]))
+        raise ExtractError(f"extraction failed: {m.get('error') or failure_cause(tail) or f'exit code {code}'} "
+                           f"(every rank's output: {log})")
     return {"figures": m["figures"], "outputs": m["outputs"], "out_dir": ctx.dir}
 
 

@@ -7,7 +7,7 @@ import json
 from typing import Any
 
 from eagle3lib.core.manifest import read_manifest
-from eagle3lib.core.torchrun import run_streamed, torchrun_command, torchrun_env
+from eagle3lib.core.torchrun import failure_cause, run_streamed, torchrun_command, torchrun_env
 from eagle3lib.trackers.run import check_trackers
 from eagle3lib.training.setup import TrainingError
 
@@ -36,14 +36,15 @@ def launch(ctx, *, echo=print) -> dict[str, Any]:
     """
     check_trackers(ctx.cfg, ctx.dir)  # a tracker that cannot start fails now, not after torchrun's start-up
     ctx.dir.mkdir(parents=True, exist_ok=True)  # the processes start in it
+    log = ctx.dir / "train.log"  # every line of every process; the console and the error keep the one that matters
     returncode, tail = run_streamed(launch_command(ctx), str(ctx.dir), launch_env(ctx),
-                                    lambda line: line.startswith("[train") or "rror" in line, echo)
+                                    lambda line: line.startswith("[train"), echo, log)
     m = read_manifest(ctx.dir) or {}
     if returncode == 0 and ctx.cfg.nnodes > 1 and m.get("status") != "complete":
         echo(f"[train] this node's processes finished; rank 0 ran on another node and wrote the results to its "
              f"{ctx.dir}")  # a RUN_DIR that is not shared between the nodes
         return m
     if returncode != 0 or m.get("status") != "complete":
-        msg = m.get("error") or f"exit code {returncode}"
-        raise TrainingError(f"training failed: {msg}\n--- last output lines ---\n" + "\n".join(tail[-30:]))
+        msg = m.get("error") or failure_cause(tail) or f"exit code {returncode}"
+        raise TrainingError(f"training failed: {msg} (every process's output: {log})")
     return m
