@@ -684,7 +684,8 @@ def test_the_cause_of_a_rank_failure_is_found_in_torchruns_output():
 @pytest.mark.slow
 def test_a_failing_rank_is_one_line_with_torchruns_report_in_the_log(tiny_verifier, tmp_path):
     """A rank that fails under torchrun: its one-line cause, and the ~30 lines of torchrun's ChildFailedError in
-    train/train.log instead of the error (a validation split that leaves no training samples: known to a rank only)."""
+    train/train.log instead of in the error (a memory budget the step does not fit: known to a rank only). A
+    validation split that leaves no training samples is known from the store's index: refused before torchrun."""
     from train_fixtures import cached_store, make_run_dir
 
     from eagle3lib.config.stages import open_stage
@@ -692,13 +693,16 @@ def test_a_failing_rank_is_one_line_with_torchruns_report_in_the_log(tiny_verifi
     from eagle3lib.training.setup import TrainingError
 
     run = make_run_dir(tmp_path / "run", cached_store(tiny_verifier, 300))
-    ctx = open_stage("train", "tiny", run, {"train.nproc_per_node": 2, "train.val_fraction": 0.999,
-                                             "train.val_max_samples": 1000})
+    split = {"train.nproc_per_node": 2, "train.val_fraction": 0.999, "train.val_max_samples": 1000}
+    with pytest.raises(TrainingError, match=r"train.val_fraction=0.999: the validation split takes all 300 samples"):
+        launch(open_stage("train", "tiny", run, split), echo=lambda _l: None)
+    assert not (run / "train" / "train.log").exists()  # no process was started
     with pytest.raises(TrainingError) as e:
-        launch(ctx, echo=lambda _l: None)
+        launch(open_stage("train", "tiny", run, {"train.nproc_per_node": 2, "train.memory_gb": 0.001}),
+               echo=lambda _l: None)
     msg = str(e.value)
-    assert re.fullmatch(r"training failed: TrainingError: \S+extract: no training samples left after the validation split \(300 "
-                        r"samples\) \(every process's output: \S+/train/train.log\)", msg), msg
+    assert re.fullmatch(r"training failed: \w+: .*train\.memory_gb.* \(every process's output: \S+/train/train.log\)",
+                        msg, re.S) and "\n" not in msg, msg
     assert "ChildFailedError" in (run / "train" / "train.log").read_text()
 
 

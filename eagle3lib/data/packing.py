@@ -47,6 +47,12 @@ class Split:
     val: list[int]
 
 
+def validation_count(n: int, val_fraction: float, val_max: int) -> int:
+    """How many of n samples the validation split takes (at least one of 20 or more when val_fraction > 0)."""
+    n_val = min(int(round(n * val_fraction)), val_max)
+    return max(n_val, 1) if val_fraction > 0 and n >= 20 else n_val
+
+
 def split_samples(n: int, val_fraction: float, val_max: int, seed: int, ids: list[str] | None = None) -> Split:
     """Seeded train/validation split of store indices 0..n-1. With the samples' ids, both the split and the order the
     epochs shuffle from follow the ids, not the store's order: a store written in a different order (a generate run
@@ -54,9 +60,7 @@ def split_samples(n: int, val_fraction: float, val_max: int, seed: int, ids: lis
     canonical = sorted(range(n), key=ids.__getitem__) if ids is not None else list(range(n))
     g = torch.Generator().manual_seed(seed)
     perm = [canonical[j] for j in torch.randperm(n, generator=g).tolist()]
-    n_val = min(int(round(n * val_fraction)), val_max)
-    if val_fraction > 0 and n >= 20:
-        n_val = max(n_val, 1)
+    n_val = validation_count(n, val_fraction, val_max)
     rank = {i: r for r, i in enumerate(canonical)}
     return Split(sorted(perm[n_val:], key=rank.__getitem__), sorted(perm[:n_val], key=rank.__getitem__))
 

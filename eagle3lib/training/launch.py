@@ -8,6 +8,8 @@ from typing import Any
 
 from eagle3lib.core.manifest import read_manifest
 from eagle3lib.core.torchrun import failure_cause, run_streamed, torchrun_command, torchrun_env
+from eagle3lib.data.packing import validation_count
+from eagle3lib.data.store_index import read_index, store_totals
 from eagle3lib.trackers.run import check_trackers
 from eagle3lib.training.setup import TrainingError
 
@@ -25,6 +27,20 @@ def launch_env(ctx) -> dict[str, str]:
     return torchrun_env(ctx.cfg.nproc_per_node)
 
 
+def _check_split(ctx) -> None:
+    """A validation split that leaves no training samples, known from the store's index before any process starts
+    (each rank found it after torchrun's start-up)."""
+    store = ctx.stage_dir("extract")
+    if not (store / "index.jsonl").exists():
+        return  # no store yet, or one the loop names better
+    cfg = ctx.cfg
+    n = store_totals(read_index(store, strict=False))["samples"]
+    n = n if cfg.max_samples is None else min(n, cfg.max_samples)
+    if n and n - validation_count(n, cfg.val_fraction, cfg.val_max_samples) <= 0:
+        raise TrainingError(f"train.val_fraction={cfg.val_fraction}: the validation split takes all {n} samples of "
+                            f"{store}; lower it (or train.val_max_samples)")
+
+
 def launch(ctx, *, echo=print) -> dict[str, Any]:
     """Run training in a subprocess (torchrun for several processes), streaming its console lines.
 
@@ -35,6 +51,7 @@ def launch(ctx, *, echo=print) -> dict[str, Any]:
     Hugging Face's `kernels` package there (ours is `eagle3lib.kernels`).
     """
     check_trackers(ctx.cfg, ctx.dir)  # a tracker that cannot start fails now, not after torchrun's start-up
+    _check_split(ctx)
     ctx.dir.mkdir(parents=True, exist_ok=True)  # the processes start in it
     log = ctx.dir / "train.log"  # every line of every process; the console and the error keep the one that matters
     returncode, tail = run_streamed(launch_command(ctx), str(ctx.dir), launch_env(ctx),
