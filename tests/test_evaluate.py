@@ -44,7 +44,7 @@ def _run_dir(tmp: Path, train_dir: Path) -> Path:
 def servers(spec_server, vllm_server):
     """(spec server, base server): the session's (tests/conftest.py). The spec server serves the drafter as the train
     stage writes it (speculators layout), the library decodes the same folder; the EAGLE-layout export is served beside
-    it in test_drafters_side_by_side."""
+    it in test_k_sweep_and_drafters_side_by_side."""
     return spec_server, vllm_server
 
 
@@ -237,38 +237,13 @@ def test_mt_bench_second_turns_follow_the_verifiers_own_answers(servers, train_d
 
 
 @pytest.mark.slow
-def test_k_sweep_on_the_trained_drafter(servers, train_dir, tmp_path):
-    """K = 1 and 3: K = 1 on a speculative server the sweep starts, K = 3 the main measurement's pass, reused (no third
-    server start); tau does not fall as K grows, and both recommendations come out."""
-    spec, base = servers
-    run = _run_dir(tmp_path / "run", train_dir)
-    ctx = open_stage("evaluate", "tiny", run, {**QUICK, "evaluate.modes": ["greedy"], "evaluate.library": False,
-                                               "evaluate.ttt_steps_sweep": [1, 3], "evaluate.spec_server_url": spec.base_url,
-                                               "evaluate.base_server_url": base.base_url})
-    r = run_evaluate(ctx)
-    f, sweep = r["figures"], r["results"]["k_sweep"]
-    assert [row["ttt_steps"] for row in sweep["rows"]] == [1, 3]
-    assert 1.0 < f["tau_vllm_greedy_k1"] <= 2.0 and f["tau_vllm_greedy_k1"] <= f["tau_vllm_greedy_k3"] + TOL
-    assert f["tau_vllm_greedy_k3"] == f["tau_vllm_greedy"] and sweep["reused_main_k"] == 3  # the main pass, reused
-    # the recommendations follow the measured rows (tau and tokens/s measured here, not chosen in advance)
-    assert f["k_best_here"] == max(sweep["rows"], key=lambda row: row["speedup_here"])["ttt_steps"]
-    assert f["k_best_gpu_model"] == max(sweep["rows"], key=lambda row: row["gpu_speedup_model"])["ttt_steps"]
-    # the drafter's cost against an independent count: the parameters of the module the library builds from the
-    # checkpoint's config (not the safetensors scan the stage does), over the tiny profile's verifier_active_params
+def test_k_sweep_and_drafters_side_by_side(servers, train_dir, tmp_path):
+    """One evaluation with both opt-ins (one main pass and one base pass for both; they were two tests measuring them
+    twice). K sweep: K = 1 on a speculative server the sweep starts, K = 3 the main measurement's pass, reused (no
+    third server start); tau does not fall as K grows, and both recommendations come out. Side by side: this run's
+    drafter and the same weights exported to the EAGLE layout, on the same prompts and settings: the same tau (a
+    like-for-like comparison), the estimate only where a train manifest has one."""
     from eagle3lib.model.checkpoint import load_drafter
-
-    d, _ = load_drafter(train_dir / "final")
-    n = sum(p.numel() for name, p in d.named_parameters() if "embed_tokens" not in name)
-    assert f["drafter_verifier_flops_ratio"] == pytest.approx(n / 3.5e6, rel=1e-6)
-    assert all(row["speedup_here"] > 0 for row in sweep["rows"])
-    assert (run / "evaluate" / "phases" / "vllm_spec_k1.json").exists()  # a rerun reuses each K's measurement
-    assert not (run / "evaluate" / "phases" / "vllm_spec_k3.json").exists()  # K = 3 was never served again
-
-
-@pytest.mark.slow
-def test_drafters_side_by_side(servers, train_dir, tmp_path):
-    """This run's drafter and the same weights exported to the EAGLE layout, measured side by side on the same prompts
-    and settings: the same tau (a like-for-like comparison), the estimate only where a train manifest has one."""
     from eagle3lib.model.interop import convert_drafter
 
     spec, base = servers
@@ -279,8 +254,25 @@ def test_drafters_side_by_side(servers, train_dir, tmp_path):
     with pytest.raises(EvaluateError, match=r"evaluate.drafters\[1\]: .*no-such-drafter: no such folder"):
         run_evaluate(open_stage("evaluate", "tiny", run, {**over, "evaluate.drafters": [str(export),
                                                                                          str(tmp_path / "no-such-drafter")]}))
-    r = run_evaluate(open_stage("evaluate", "tiny", run, {**over, "evaluate.drafters": [str(export)]}))
-    rows, f = r["results"]["drafters"], r["figures"]
+    r = run_evaluate(open_stage("evaluate", "tiny", run, {**over, "evaluate.drafters": [str(export)],
+                                                          "evaluate.ttt_steps_sweep": [1, 3]}))
+    f, sweep = r["figures"], r["results"]["k_sweep"]
+    assert [row["ttt_steps"] for row in sweep["rows"]] == [1, 3]
+    assert 1.0 < f["tau_vllm_greedy_k1"] <= 2.0 and f["tau_vllm_greedy_k1"] <= f["tau_vllm_greedy_k3"] + TOL
+    assert f["tau_vllm_greedy_k3"] == f["tau_vllm_greedy"] and sweep["reused_main_k"] == 3  # the main pass, reused
+    # the recommendations follow the measured rows (tau and tokens/s measured here, not chosen in advance)
+    assert f["k_best_here"] == max(sweep["rows"], key=lambda row: row["speedup_here"])["ttt_steps"]
+    assert f["k_best_gpu_model"] == max(sweep["rows"], key=lambda row: row["gpu_speedup_model"])["ttt_steps"]
+    # the drafter's cost against an independent count: the parameters of the module the library builds from the
+    # checkpoint's config (not the safetensors scan the stage does), over the tiny profile's verifier_active_params
+    d, _ = load_drafter(train_dir / "final")
+    n = sum(p.numel() for name, p in d.named_parameters() if "embed_tokens" not in name)
+    assert f["drafter_verifier_flops_ratio"] == pytest.approx(n / 3.5e6, rel=1e-6)
+    assert all(row["speedup_here"] > 0 for row in sweep["rows"])
+    assert (run / "evaluate" / "phases" / "vllm_spec_k1.json").exists()  # a rerun reuses each K's measurement
+    assert not (run / "evaluate" / "phases" / "vllm_spec_k3.json").exists()  # K = 3 was never served again
+
+    rows = r["results"]["drafters"]
     assert [row["drafter"] for row in rows] == ["this run (final)", "served-today"]
     assert rows[0]["tau_estimate"] is not None and rows[1]["tau_estimate"] is None
     assert abs(f["tau_vllm_greedy_drafter0"] - f["tau_vllm_greedy_drafter1"]) <= TOL

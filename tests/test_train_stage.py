@@ -290,4 +290,4 @@ def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
 # vLLM serving what the train stage writes (speculators layout) as the verifier's EAGLE-3 speculator, with the
 # verifier's own greedy output and drafts accepted: tests/test_evaluate.py::test_library_and_vllm_agree_greedy, on the
 # session's spec server (tests/conftest.py), which serves this stage's output folder; its EAGLE export beside it in
-# test_drafters_side_by_side. (This module started a second spec server for the same check until the suite-time work.)
+# test_k_sweep_and_drafters_side_by_side. (This module started a second spec server for the same check until the suite-time work.)
