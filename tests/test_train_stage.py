@@ -271,7 +271,7 @@ def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
     run = tmp_path / "nan"
     run.mkdir()
     (run / "extract").symlink_to(store, target_is_directory=True)
-    ctx = open_stage("train", "tiny", run, {"train.packing": False, "train.batch_rows": 1, "train.ckpt_every": 1,
+    ctx = open_stage("train", "tiny", run, {"train.packing": False, "train.batch_rows": 1, "train.nproc_per_node": 1, "train.ckpt_every": 1,
                                              "train.epochs": 1, "train.log_every": 1, "train.val_fraction": 0.0,
                                              "train.packed_row_tokens": 64})
     with pytest.raises(TrainingDiverged, match=r"non-finite loss in step (\d+) .*Last good checkpoint: .*step_\d+") as e:
