@@ -7,8 +7,9 @@ from typing import Any
 
 from eagle3lib.vllm.server import has_cuda
 
-METHODS = ("train_est", "val_est", "lib_greedy", "lib_sampled", "vllm_greedy", "vllm_sampled")
+METHODS = ("train_est", "val_est", "same_dist_est", "lib_greedy", "lib_sampled", "vllm_greedy", "vllm_sampled")
 METHOD_LABEL = {"train_est": "training estimate (train)", "val_est": "training estimate (val)",
+                "same_dist_est": "training estimate on vLLM's greedy answers",
                 "lib_greedy": "library, greedy", "lib_sampled": "library, sampled",
                 "vllm_greedy": "vLLM, greedy", "vllm_sampled": "vLLM, sampled"}
 
@@ -121,7 +122,7 @@ def build_figures(results: dict[str, Any]) -> dict[str, Any]:
     f["vllm_greedy_same_output_frac_spec_base"] = v.get("greedy_same_output_frac_spec_base")
     f["greedy_same_output_frac_lib_vllm"] = results.get("greedy_same_output_frac_lib_vllm")
     ref = f.get("tau_vllm_greedy")
-    for m in ("lib_greedy", "train_est", "val_est"):
+    for m in ("lib_greedy", "train_est", "val_est", "same_dist_est"):
         f[f"tau_gap_{m}_vs_vllm_greedy"] = f[f"tau_{m}"] - ref if f.get(f"tau_{m}") is not None and ref else None
     f["tau_lib_vllm_within_tolerance"] = (abs(f["tau_gap_lib_greedy_vs_vllm_greedy"]) <= results["tolerance"]
                                           if f["tau_gap_lib_greedy_vs_vllm_greedy"] is not None else None)
@@ -166,7 +167,8 @@ def gap_sentence(figures: dict[str, Any]) -> str:
     """The gap between the training-time estimate and serving, in words."""
     parts = []
     v = figures.get("tau_vllm_greedy")
-    for m, what in (("val_est", "validation estimate"), ("train_est", "training estimate")):
+    for m, what in (("val_est", "validation estimate"), ("same_dist_est", "same estimator on vLLM's greedy answers"),
+                    ("train_est", "training estimate")):
         e = figures.get(f"tau_{m}")
         if e is not None and v:
             parts.append(f"the {what} {e:.2f} is {e - v:+.2f} ({(e - v) / v:+.0%}) from vLLM's measured {v:.2f}")

@@ -9,10 +9,11 @@ import polars as pl
 
 from eagle3lib.evaluation.results import METHOD_LABEL, METHODS, comparison_rows, gap_sentence
 
-SHORT = {"train_est": "estimate\n(train)", "val_est": "estimate\n(val)", "lib_greedy": "library\ngreedy",
-         "lib_sampled": "library\nsampled", "vllm_greedy": "vLLM\ngreedy", "vllm_sampled": "vLLM\nsampled"}
-COLORS = {"train_est": "#9e9e9e", "val_est": "#616161", "lib_greedy": "#1f77b4", "lib_sampled": "#aec7e8",
-          "vllm_greedy": "#d62728", "vllm_sampled": "#ff9896"}
+SHORT = {"train_est": "estimate\n(train)", "val_est": "estimate\n(val)", "same_dist_est": "estimate\n(vLLM answers)",
+         "lib_greedy": "library\ngreedy", "lib_sampled": "library\nsampled", "vllm_greedy": "vLLM\ngreedy",
+         "vllm_sampled": "vLLM\nsampled"}
+COLORS = {"train_est": "#9e9e9e", "val_est": "#616161", "same_dist_est": "#424242", "lib_greedy": "#1f77b4",
+          "lib_sampled": "#aec7e8", "vllm_greedy": "#d62728", "vllm_sampled": "#ff9896"}
 
 
 def comparison_table(results: dict[str, Any]) -> pl.DataFrame:

@@ -43,6 +43,7 @@ from eagle3lib.evaluation.results import (
     training_estimate,
     without_outputs,
 )
+from eagle3lib.evaluation.same_dist import same_distribution_estimate
 from eagle3lib.evaluation.turns import later_turn_conversations, verifier_answer
 from eagle3lib.trackers.run import log_evaluation
 from eagle3lib.vllm.endpoint import ServerError
@@ -201,6 +202,18 @@ def _run(ctx, cfg, vcfg, timer) -> dict[str, Any]:
                     lib_out = {r["id"]: r["greedy"]["tokens"] for r in lib_raw["records"]}
                     results["greedy_same_output_frac_lib_vllm"] = same_frac(lib_out, v["greedy"]["outputs"])
             results["vllm"] = v
+            base_out = ((v.get("base") or {}).get("greedy") or {}).get("outputs")
+            if cfg.library and base_out:  # the estimator on the evaluation's distribution (evaluation/same_dist.py)
+                t0 = time.time()
+                decay = ctx.profile.section("train").decay
+                skey = {**base_key, "outputs": base_out, "decay": decay}
+                est = load_phase(out_dir, "same_dist_est", skey)
+                reused = est is not None
+                if not reused:
+                    est = same_distribution_estimate(vcfg, model_path, ckpt, prompts, base_out, k, decay)
+                    save_phase(out_dir, "same_dist_est", skey, est)
+                results["estimate"]["same_dist_est"] = est
+                results["phases"]["same_dist_est"] = {"seconds": round(time.time() - t0, 1), "reused": reused}
             if others:
                 servers.close_all()  # each drafter's server measures alone
                 own_estimate = ((train_m or {}).get("figures") or {}).get("val_tau_est")
