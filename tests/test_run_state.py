@@ -72,6 +72,27 @@ def test_stale_downstream_stage_is_redone_only_after_a_completed_upstream(tmp_pa
     assert "generate was re-run after it" in stale_reason(run, "extract")
 
 
+def test_a_repaired_store_does_not_make_training_stale(tmp_path):
+    """A complete extract whose store was damaged is run again to redo what is missing (same inputs, same data): its
+    completion time stays the original, so a finished training is not counted stale and trained again from scratch."""
+    import time
+
+    from eagle3lib.core.manifest import StageTimer, read_manifest
+    from eagle3lib.pipeline.runner import keep_data_time, stale_reason
+
+    run = tmp_path / "run"
+    _complete_stage(run, "extract", {"store.json": "{}"})
+    time.sleep(1.1)
+    _complete_stage(run, "train", {"final/model.safetensors": "weights"})
+    before = read_manifest(run / "extract")
+    time.sleep(1.1)
+    StageTimer(run / "extract", {}).finish({"samples": 1})  # the repair run
+    assert "extract was re-run after it" in stale_reason(run, "train")  # what a plain re-run would mean
+    keep_data_time(run / "extract", before)
+    after = read_manifest(run / "extract")
+    assert stale_reason(run, "train") is None and after["completed_at"] == before["completed_at"] and after["repaired_at"]
+
+
 @pytest.mark.parametrize(("manifest", "expected"), [
     ("[]", r"extract/manifest.json: damaged \(a JSON list where a manifest object belongs\)"),
     ('{"status": "complete", "completed_at": 5}', r"extract/manifest.json: completed_at is 5, not an ISO time"),

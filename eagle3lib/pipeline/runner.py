@@ -341,7 +341,7 @@ def _run_locked(i: int, stage: Stage, selected: list[Stage], prof, profile_arg: 
             raise
         m = None  # --force starts the stage over: its damaged manifest goes aside with the rest of the folder
     stale = None if force else stale_reason(run_dir, stage.name)
-    from_scratch = None
+    from_scratch, repaired = None, None
     if stale and m and m.get("status") == "complete" and not stage.always_run and not force:
         _say(f"[{i}/{len(selected)}] {stage.name}: {stale}: running it again from scratch")
         from_scratch = _SetAside(stage_dir)
@@ -350,6 +350,7 @@ def _run_locked(i: int, stage: Stage, selected: list[Stage], prof, profile_arg: 
     elif m and m.get("status") == "complete" and not stage.always_run and (damage := damaged_outputs(stage_dir, m)):
         # resumed, not redone: the stage sets what is damaged aside and makes only what is missing again
         _say(f"[{i}/{len(selected)}] {stage.name}: complete, but {damage}: running it again for what is missing")
+        repaired = m
     elif m and m.get("status") == "complete" and not stage.always_run:
         diffs = _param_diff(m.get("params", {}), expected)
         note = f" (parameters changed: {'; '.join(diffs)}; use --force to re-run)" if diffs else ""
@@ -373,4 +374,13 @@ def _run_locked(i: int, stage: Stage, selected: list[Stage], prof, profile_arg: 
         write_index(run_dir)
     if from_scratch is not None:
         from_scratch.completed()
+    if repaired is not None:
+        keep_data_time(stage_dir, repaired)
     _say(f"[{i}/{len(selected)}] {stage.name}: complete in {time.time() - t0:.0f} s")
+
+
+def keep_data_time(stage_dir: Path, before: dict[str, Any]) -> None:
+    """After a repair (the damaged part made again from the same inputs) the stage's data is what it was: its
+    completion time stays the original one, so the stages downstream are not counted stale and redone from scratch."""
+    if before.get("completed_at"):
+        update_manifest(stage_dir, completed_at=before["completed_at"], repaired_at=now_iso())
