@@ -272,6 +272,38 @@ def test_prompts_whose_user_turn_is_empty_are_skipped_and_counted(tmp_path):
     assert got.skipped_empty_user_turn == 3 and [c.messages[-1]["content"] for c in got.items] == ["hi"]
 
 
+def test_agentic_records_keep_tool_calls_and_bad_calls_are_named(tmp_path):
+    """Tool-call turns lost `tool_calls` / `tool_call_id` and the record's `tools` (the verifier saw an empty assistant
+    turn, then a bare tool turn); the prompt to answer ended at the last user turn, dropping the tool's result."""
+    from eagle3lib.config.generate import GenerateConfig
+    from eagle3lib.data.datasets import DatasetError, load_conversations
+    from eagle3lib.stages.generate import load_prompts
+
+    src = Path(__file__).parent / "fixtures" / "tools" / "agentic.jsonl"
+    got = load_prompts(GenerateConfig(dataset=str(src), shuffle=False))
+    weather, add, story = got.items
+    assert got.skipped_empty_user_turn == 1
+    assert [m["role"] for m in weather.messages] == ["user", "assistant", "tool"]  # answers the tool's result
+    call = weather.messages[1]["tool_calls"][0]
+    assert call == {"type": "function", "id": "call_1", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+    assert weather.messages[2] == {"role": "tool", "content": '{"temp_c": 18, "sky": "cloudy"}',
+                                  "tool_call_id": "call_1", "name": "get_weather"}
+    assert weather.tools[0]["function"]["name"] == "get_weather" and "tools" not in weather.extra
+    assert add.messages[2]["tool_calls"][0]["function"]["arguments"] == '{"a": 12, "b": 30}'  # an object, as text
+    assert story.tools is None and story.messages[-1]["role"] == "user"
+    bad = [{"role": "user", "content": "hi"},
+           {"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": "{not json"}}]}]
+    p = write(tmp_path, json.dumps({"messages": [{"role": "user", "content": "ok"}]}) + "\n" +
+              json.dumps({"messages": bad}) + "\n", "d.jsonl")
+    with pytest.raises(DatasetError, match=rf"{p}:2: messages\[1\].tool_calls\[0\].function.arguments is not"):
+        load_conversations(p)
+    assert len(load_conversations(p, on_bad_record="skip")) == 1
+    p2 = write(tmp_path, json.dumps({"tools": {"name": "f"}, "messages": [{"role": "user", "content": "x"}]}) + "\n",
+               "t.jsonl")
+    with pytest.raises(DatasetError, match=rf"{p2}:1: 'tools' must be a list"):
+        load_conversations(p2)
+
+
 def test_empty_dataset_is_an_error_before_any_server(tmp_path):
     from eagle3lib.config.generate import GenerateConfig
     from eagle3lib.config.verifier import VerifierConfig

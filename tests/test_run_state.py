@@ -111,6 +111,46 @@ def test_a_damaged_upstream_manifest_is_an_error_and_deletes_nothing(capsys, tmp
     assert tree_digest(run) == before
 
 
+def _read_only(folder: Path) -> bool:
+    """Make `folder` unwritable: permissions for a user, the immutable flag for root (whom permissions do not stop).
+    True when a write into it now fails."""
+    import os
+
+    if os.geteuid() == 0:
+        subprocess.run(["chattr", "+i", str(folder)], capture_output=True)
+    else:
+        folder.chmod(0o555)
+    try:
+        (folder / ".probe").write_text("")
+    except OSError:
+        return True
+    return False
+
+
+def _writable_again(folder: Path) -> None:
+    subprocess.run(["chattr", "-i", str(folder)], capture_output=True)
+    folder.chmod(0o755)
+
+
+def test_a_read_only_stage_folder_is_named_before_the_stage_runs(capsys, tmp_path):
+    """A read-only stage folder inside a writable run dir gave a PermissionError traceback from the manifest's
+    first write. Now: one line naming the folder and what to do, exit 2, the folder as it was."""
+    run = tmp_path / "run"
+    folder = run / "cost_projection"
+    folder.mkdir(parents=True)
+    (folder / "notes.txt").write_text("kept")
+    if not _read_only(folder):
+        _writable_again(folder)
+        pytest.skip("cannot make a folder read-only here (root without chattr)")
+    try:
+        code = main(["run", "--run-dir", str(run), "--stages", "cost_projection"])
+    finally:
+        _writable_again(folder)
+    err = capsys.readouterr().err
+    assert code == 2 and f"{folder}: the stage cannot write to its folder" in err and "Traceback" not in err, err
+    assert sorted(p.name for p in folder.iterdir()) == ["notes.txt"]
+
+
 def test_a_second_run_of_a_stage_on_the_same_run_dir_stops_naming_the_first(capsys, tmp_path):
     """Two `run --stages train` on one run dir both trained (the second resumed from the first's checkpoint: 172
     metrics records for 120 steps, final/ from whichever wrote last). Now the second stops at once, naming the first."""

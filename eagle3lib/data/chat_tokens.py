@@ -13,6 +13,7 @@ Longer samples than `max_sample_tokens` are truncated or dropped; samples withou
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -67,7 +68,9 @@ def has_generation_markers(tokenizer: Any) -> bool:
 
 
 def _template_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """OpenAI messages as templates expect them: content never None, reasoning under `reasoning_content`."""
+    """OpenAI messages as templates expect them: content never None, reasoning under `reasoning_content`, tool-call
+    arguments as objects. vLLM parses the arguments' JSON text the same way before rendering (`_postprocess_messages`
+    in vllm/renderers/chat_utils.py, 0.32), so the tokens extracted are the tokens the server rendered."""
     out = []
     for m in messages:
         m = dict(m)
@@ -75,8 +78,17 @@ def _template_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
             m["content"] = ""
         if "reasoning_content" not in m and m.get("reasoning"):
             m["reasoning_content"] = m["reasoning"]
+        if m.get("tool_calls"):
+            m["tool_calls"] = [_parsed_call(c) for c in m["tool_calls"]]
         out.append(m)
     return out
+
+
+def _parsed_call(call: dict[str, Any]) -> dict[str, Any]:
+    fn = dict(call.get("function") or {})
+    args = fn.get("arguments")
+    fn["arguments"] = json.loads(args) if isinstance(args, str) and args.strip() else (args or {})
+    return {**call, "function": fn}
 
 
 def _lcp(a: str, b: str) -> int:
@@ -189,12 +201,14 @@ class ChatTokenizer:
             markers = [tokenizer.eos_token]
         self.end_markers = markers
 
-    def encode(self, messages: list[dict[str, Any]]) -> tuple[np.ndarray, np.ndarray]:
+    def encode(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+               ) -> tuple[np.ndarray, np.ndarray]:
         msgs = _template_messages(messages)
+        kwargs = {**self.kwargs, "tools": tools} if tools else self.kwargs
         if self.mask_method == "generation":
-            ids, mask = _mask_by_generation(self.tok, msgs, self.kwargs)
+            ids, mask = _mask_by_generation(self.tok, msgs, kwargs)
         else:
-            ids, mask = _mask_by_prefixes(self.tok, msgs, self.kwargs, self.end_markers)
+            ids, mask = _mask_by_prefixes(self.tok, msgs, kwargs, self.end_markers)
         return np.asarray(ids, dtype=np.int32), np.asarray(mask, dtype=bool)
 
     def __call__(self, conversations: Iterable[Any], stats: TokenizeStats, on_bad_record: str = "error") -> Iterator[Tokenized]:
@@ -207,7 +221,7 @@ class ChatTokenizer:
                 continue
             seen.add(conv.id)
             try:
-                ids, mask = self.encode(conv.messages)
+                ids, mask = self.encode(conv.messages, getattr(conv, "tools", None))
             except Exception as e:  # template errors are jinja exceptions of many kinds
                 msg = f"{conv.source or conv.id}: sample {conv.id!r} does not tokenize with the verifier's chat template: {type(e).__name__}: {e}"
                 if on_bad_record == "skip":

@@ -5,6 +5,8 @@
 - the benchmark sets (MT-Bench, Spec-Bench, HumanEval, GSM8K) in their published formats, and hub datasets by
   `hf:OWNER/NAME`: eagle3lib/data/benchmarks.py
 Assistant turns may carry `reasoning_content` (or `reasoning`), kept as `reasoning_content`.
+Agentic data is carried whole: assistant `tool_calls`, tool turns' `tool_call_id` and `name`, and the record's `tools`
+(the function schemas the template renders), so the verifier's own chat template sees what the dataset holds.
 
 Every conversation gets a stable id: the record's own `id` when it has one, else a hash of its messages (plus an
 occurrence number for exact duplicates), so resumable stages can key their outputs on it across runs.
@@ -13,15 +15,17 @@ A malformed record is an error naming the file and line, or, with on_bad_record=
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import hashlib
-import io
 import json
 import random
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
+
+import zstandard
 
 from eagle3lib.core.paths import ASSETS_DIR
 from eagle3lib.data.benchmarks import HUB_PREFIX, benchmark_id, benchmark_messages, hub_dataset_files, later_turns
@@ -46,11 +50,17 @@ class Conversation:
     category: str | None = None  # optional label (the shipped sets: chat, code, math), for per-category reports
     source: str = ""  # "file:line", for error messages downstream
     extra: dict[str, Any] = field(default_factory=dict)  # other top-level fields of the record, untouched
+    tools: list[dict[str, Any]] | None = None  # OpenAI function schemas offered to the model (agentic data); the chat
+    # template renders them, so generate sends them and extract renders with them
 
     def prompt(self) -> list[dict[str, Any]] | None:
-        """The conversation up to and including the last user turn; None if it has no user turn."""
-        last = max((i for i, m in enumerate(self.messages) if m["role"] == "user"), default=None)
-        return None if last is None else self.messages[: last + 1]
+        """The conversation up to and including the last user turn, or the last tool result after it (the verifier
+        answers the tool's output, as an agent would); None if it has no user turn."""
+        users = [i for i, m in enumerate(self.messages) if m["role"] == "user"]
+        if not users:
+            return None
+        last = max(i for i, m in enumerate(self.messages) if m["role"] in ("user", "tool"))
+        return self.messages[: last + 1]
 
 
 @dataclass
@@ -112,8 +122,9 @@ def _raw_records(path: Path) -> Iterator[tuple[int, Any]]:
                     yield i, json.loads(line)
                 except json.JSONDecodeError as e:
                     yield i, e
-    except (OSError, EOFError) as e:  # a damaged or truncated .gz
-        raise DatasetError(f"{path}: not readable as {'gzip-compressed ' if path.suffix == '.gz' else ''}JSONL "
+    except (OSError, EOFError, zstandard.ZstdError) as e:  # a damaged or truncated .gz / .zst
+        kind = {".gz": "gzip-compressed ", ".zst": "zstd-compressed "}.get(path.suffix, "")
+        raise DatasetError(f"{path}: not readable as {kind}JSONL "
                            f"({type(e).__name__}: {e})") from None
 
 
@@ -122,13 +133,27 @@ def _open_lines(path: Path):
     if path.suffix == ".gz":
         return gzip.open(path, "rb")
     if path.suffix == ".zst":
-        try:
-            import zstandard
-        except ImportError:
-            raise DatasetError(f"{path}: zstd-compressed; install the zstandard package (pip install zstandard) or "
-                               f"decompress it first (zstd -d {path.name})") from None
-        return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(open(path, "rb"), closefd=True))
+        return contextlib.closing(_zstd_lines(path))
     return open(path, "rb")
+
+
+def _zstd_lines(path: Path) -> Iterator[bytes]:
+    """Lines of a .zst file (one or more frames). zstandard's stream_reader returns nothing, without an error, for a
+    truncated file; a decompressor object says whether the frame ended."""
+    d, buf = zstandard.ZstdDecompressor().decompressobj(), b""
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            while chunk:
+                buf += d.decompress(chunk)
+                chunk = d.unused_data if d.eof else b""  # the next frame's bytes
+                if chunk:
+                    d = zstandard.ZstdDecompressor().decompressobj()
+            *lines, buf = buf.split(b"\n")
+            yield from (line + b"\n" for line in lines)
+    if not d.eof:
+        raise EOFError("the zstd stream ends in the middle of a frame (a truncated file)")
+    if buf:
+        yield buf
 
 
 def _normalise_messages(rec: dict[str, Any]) -> list[dict[str, Any]]:
@@ -153,6 +178,12 @@ def _normalise_messages(rec: dict[str, Any]) -> list[dict[str, Any]]:
             reasoning = m.get("reasoning_content", m.get("reasoning"))
             if reasoning:
                 out["reasoning_content"] = reasoning
+            if m["role"] == "assistant" and m.get("tool_calls"):
+                out["tool_calls"] = _tool_calls(m["tool_calls"], f"messages[{j}]")
+            if m["role"] == "tool":
+                for key in ("tool_call_id", "name"):
+                    if m.get(key) is not None:
+                        out[key] = str(m[key])
             msgs.append(out)
         return msgs
     if "conversations" in rec:
@@ -168,6 +199,52 @@ def _normalise_messages(rec: dict[str, Any]) -> list[dict[str, Any]]:
     raise ValueError("record has neither 'messages' (OpenAI format) nor 'conversations' (ShareGPT format), nor a "
                      "benchmark's fields ('turns': MT-Bench/Spec-Bench; 'task_id' + 'prompt': HumanEval; 'question' + "
                      "'answer': GSM8K)")
+
+
+def _tool_calls(calls: Any, where: str) -> list[dict[str, Any]]:
+    """OpenAI tool calls, checked: each {"id"?, "type": "function", "function": {"name", "arguments"}}, `arguments` a
+    JSON object or its JSON text (kept as text, as the OpenAI API carries it; eagle3lib/data/chat_tokens.py parses it
+    for the template as vLLM does). vLLM turns unparsable arguments into {} without a word; here they are a bad record."""
+    if not isinstance(calls, list):
+        raise ValueError(f"{where}.tool_calls must be a list, got {type(calls).__name__}")
+    out = []
+    for n, c in enumerate(calls):
+        fn = c.get("function") if isinstance(c, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+            raise ValueError(f"{where}.tool_calls[{n}] needs a 'function' with a 'name'")
+        args = fn.get("arguments")
+        if isinstance(args, str) and args.strip():
+            try:
+                parsed = json.loads(args)
+            except json.JSONDecodeError:
+                parsed = None
+            if not isinstance(parsed, dict):
+                raise ValueError(f"{where}.tool_calls[{n}].function.arguments is not the JSON text of an object")
+        elif args is None or args == "":
+            args = "{}"
+        elif isinstance(args, dict):
+            args = json.dumps(args, ensure_ascii=False)
+        else:
+            raise ValueError(f"{where}.tool_calls[{n}].function.arguments must be an object or its JSON text")
+        call = {"type": "function", "function": {"name": fn["name"], "arguments": args}}
+        if c.get("id") is not None:
+            call["id"] = str(c["id"])
+        out.append(call)
+    return out
+
+
+def _tools(rec: dict[str, Any]) -> list[dict[str, Any]] | None:
+    tools = rec.get("tools")
+    if tools is None:
+        return None
+    if isinstance(tools, str):  # Parquet exports keep nested lists as JSON text
+        try:
+            tools = json.loads(tools)
+        except json.JSONDecodeError:
+            raise ValueError("'tools' is a string that is not a JSON list of tools") from None
+    if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
+        raise ValueError("'tools' must be a list of tool schemas (OpenAI format)")
+    return tools or None
 
 
 def load_conversations(
@@ -194,6 +271,7 @@ def load_conversations(
             if not isinstance(rec, dict):
                 raise ValueError(f"expected a JSON object, got {type(rec).__name__}")
             msgs = _normalise_messages(rec)
+            tools = _tools(rec)
         except ValueError as e:
             if on_bad_record == "skip":
                 stats.bad_records += 1
@@ -201,14 +279,15 @@ def load_conversations(
             raise DatasetError(f"{path}:{line}: {e}") from None
         rid = benchmark_id(rec)
         if rid is None:
-            digest = hashlib.sha1(json.dumps(msgs, sort_keys=True).encode()).hexdigest()[:16]
+            keyed: Any = msgs if tools is None else {"messages": msgs, "tools": tools}  # tool-less ids as before
+            digest = hashlib.sha1(json.dumps(keyed, sort_keys=True).encode()).hexdigest()[:16]
             seen[digest] = seen.get(digest, 0) + 1
             rid = digest if seen[digest] == 1 else f"{digest}-{seen[digest]}"
-        extra = {k: v for k, v in rec.items() if k not in ("messages", "conversations", "id", "category")}
+        extra = {k: v for k, v in rec.items() if k not in ("messages", "conversations", "id", "category", "tools")}
         if later_turns(rec):
             extra["later_turns"] = later_turns(rec)  # after the verifier's own answers (eagle3lib/evaluation/turns.py)
         category = rec.get("category") or (benchmark_messages(rec) or (None, None))[1]
-        out.append(Conversation(str(rid), msgs, category, f"{path}:{line}", extra))
+        out.append(Conversation(str(rid), msgs, category, f"{path}:{line}", extra, tools))
     if shuffle:
         random.Random(seed).shuffle(out)
     if max_samples is not None:

@@ -228,4 +228,5 @@ def iter_generated(gen_dir: str | Path, statuses: Iterable[str] | None = ("ok",)
             continue
         extra = {k: rec.get(k) for k in ("status", "finish_reason", "prompt_tokens", "completion_tokens", "reasoning_tokens",
                                          "attempts", "error")}
-        yield Conversation(rec["id"], rec.get("messages") or [], rec.get("category"), f"{Path(gen_dir) / source}", extra)
+        yield Conversation(rec["id"], rec.get("messages") or [], rec.get("category"), f"{Path(gen_dir) / source}", extra,
+                           rec.get("tools"))

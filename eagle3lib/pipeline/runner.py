@@ -334,6 +334,7 @@ def _run_locked(i: int, stage: Stage, selected: list[Stage], prof, profile_arg: 
                 overrides: dict[str, Any], force: bool, shared: _SharedServer) -> str | None:
     expected = stage_params(prof, stage)
     stage_dir = run_dir / stage.name
+    check_writable(stage_dir)
     try:
         m = read_manifest(stage_dir)
     except ValueError:
@@ -377,6 +378,22 @@ def _run_locked(i: int, stage: Stage, selected: list[Stage], prof, profile_arg: 
     if repaired is not None:
         keep_data_time(stage_dir, repaired)
     _say(f"[{i}/{len(selected)}] {stage.name}: complete in {time.time() - t0:.0f} s")
+
+
+def check_writable(stage_dir: Path) -> None:
+    """A stage folder the stage cannot write to (read-only permissions, an immutable folder, a read-only mount) fails
+    here, naming it, instead of in a traceback from the stage's first write. A probe file, not os.access: root passes
+    os.access on read-only permissions and mounts alike."""
+    if not stage_dir.is_dir():
+        return
+    import tempfile
+
+    try:
+        with tempfile.TemporaryFile(dir=stage_dir):
+            pass
+    except OSError as e:
+        raise ValueError(f"{stage_dir}: the stage cannot write to its folder ({e.strerror}); make it writable "
+                         f"(chmod -R u+w {stage_dir}) or use another --run-dir") from None
 
 
 def keep_data_time(stage_dir: Path, before: dict[str, Any]) -> None:

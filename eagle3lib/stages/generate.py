@@ -90,7 +90,7 @@ def load_prompts(cfg) -> Prompts:
             stats.bad_records += 1
             continue
         seen[c.id] = c.source
-        out.items.append(Conversation(c.id, prompt, c.category, c.source, c.extra))
+        out.items.append(Conversation(c.id, prompt, c.category, c.source, c.extra, c.tools))
         if cfg.max_samples is not None and len(out.items) >= cfg.max_samples:
             break
     return out
@@ -102,7 +102,7 @@ def load_prompts(cfg) -> Prompts:
 def classify(result: ChatResult) -> str:
     if result.finish_reason == "length":
         return "truncated"
-    if not (result.reasoning or "").strip() and not (result.content or "").strip():
+    if not (result.reasoning or "").strip() and not (result.content or "").strip() and not result.tool_calls:
         return "empty"
     return "ok"
 
@@ -111,9 +111,13 @@ def make_record(conv: Conversation, result: ChatResult | None, error: str | None
                 reasoning_tokens: int | None = None) -> dict[str, Any]:
     messages = list(conv.messages)
     if result is not None:
-        messages.append({"role": "assistant", "content": result.content or "", "reasoning_content": result.reasoning or ""})
+        answer = {"role": "assistant", "content": result.content or "", "reasoning_content": result.reasoning or ""}
+        if result.tool_calls:  # a server with a tool-call parser returns the verifier's calls parsed out of its text
+            answer["tool_calls"] = result.tool_calls
+        messages.append(answer)
     return {
         "id": conv.id,
+        **({"tools": conv.tools} if conv.tools else {}),
         "category": conv.category,
         "status": classify(result) if result is not None else "failed",
         "messages": messages,
@@ -319,6 +323,12 @@ def request_payload(model: str, conv: Conversation, cfg) -> dict[str, Any]:
         seed = int(hashlib.sha256(f"{cfg.seed}:{conv.id}".encode()).hexdigest()[:8], 16) & 0x7FFFFFFF
     payload = chat_payload(model, conv.messages, max_tokens=cfg.max_tokens or 1, temperature=cfg.temperature,
                            top_p=cfg.top_p, seed=seed, chat_template_kwargs=cfg.chat_template_kwargs or None)
+    if conv.tools:  # the template renders the schemas (the tokens extraction renders too)
+        payload["tools"] = conv.tools
+        # "none": the answer comes back as the text the verifier wrote, calls included, which is what the drafter
+        # must predict (a tool parser would re-render parsed calls, not necessarily token for token); vLLM renders
+        # the schemas all the same. extra_body {"tool_choice": "auto"} asks for parsed calls instead.
+        payload["tool_choice"] = "none"
     if cfg.max_tokens is None:
         payload.pop("max_tokens")  # the server's default: the rest of the context
     payload.update(cfg.extra_body)

@@ -53,6 +53,7 @@ class ChatResult:
     finish_reason: str | None  # "stop", "length" (cut by max_tokens), ...
     prompt_tokens: int
     completion_tokens: int
+    tool_calls: list[dict[str, Any]] | None = None  # parsed calls, from a server started with a tool-call parser
 
 
 def parse_chat_response(body: dict[str, Any]) -> ChatResult:
@@ -63,7 +64,8 @@ def parse_chat_response(body: dict[str, Any]) -> ChatResult:
         reasoning = msg.get("reasoning_content")
     usage = body.get("usage") or {}
     return ChatResult(reasoning, msg.get("content"), choice.get("finish_reason"),
-                      int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0))
+                      int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0),
+                      msg.get("tool_calls") or None)
 
 
 def chat_payload(model: str, messages: list[dict], *, max_tokens: int, temperature: float = 0.0, top_p: float = 1.0,
