@@ -1,7 +1,9 @@
 # .venv/bin/python -m pytest -q tests/test_scaling.py
 """The data-scaling fit (eagle3lib/analysis/scaling.py) on synthetic points with a known curve: it recovers the
 parameters, its band covers the truth, it inverts a target within the band, says when a target is above the ceiling,
-and refuses to draw a curve through fewer than three data sizes."""
+and refuses to draw a curve through fewer than three data sizes. The points (eagle3lib/analysis/scaling_points.py)
+on simulated validation splits with a known true tau: cross-fitted scores are unbiased where choosing and scoring on
+the same samples is not, the resampled error is the real spread, and the band covers a known curve."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import numpy as np
 import pytest
 
 from eagle3lib.analysis.scaling import Curve, explain, fit_scaling, tau_standard_error
+from eagle3lib.analysis.scaling_points import SampleCounts, cross_fit, same_split, score_points
 
 TRUE = Curve(c=3.4, t50=3e4, b=1.2)
 TOKENS = [2.5e3, 5e3, 1e4, 2e4, 4e4, 8e4, 1.6e5]
@@ -85,7 +88,119 @@ def test_fewer_than_three_data_sizes_is_no_curve(tokens):
     assert explain(fit, 3.5, 100).startswith("No curve")
 
 
-def test_tau_standard_error_is_binomial():
-    rec = {"full_acc_0": 0.8, "full_acc_1": 0.6, "full_acc_2": 0.4}
-    se = tau_standard_error(rec, 3, positions=1000)
-    assert se == pytest.approx(math.sqrt((0.16 + 0.24 + 0.24) / 1000))
+def test_tau_standard_error_matches_bernoulli_positions_at_one_step():
+    """The binomial floor against simulation (K = 1, independent positions: the only case where it is exact)."""
+    rng = np.random.default_rng(0)
+    p, n = 0.7, 400
+    est = rng.binomial(n, p, 4000) / n
+    se = tau_standard_error({"full_acc_0": p}, 1, positions=n)
+    assert se == pytest.approx(float(np.std(est)), rel=0.05)
+
+
+# ------------------------------------------------- points from per-sample counts (eagle3lib/analysis/scaling_points.py)
+# A simulated validation split: N samples with m_i positions each and a difficulty u_i (logit scale) shared by every
+# checkpoint and every point, as one held-out split is; a checkpoint of quality q accepts a draft token at a position
+# of sample i with probability sigmoid(q + u_i), and draft step k is fully accepted when steps 0..k all are. The true
+# tau of quality q is the expectation over samples, computed once from 200,000 difficulties.
+K, N, SPREAD = 3, 60, 1.0
+_U = np.random.default_rng(123).normal(0, SPREAD, 200_000)
+
+
+def true_tau(q: float) -> float:
+    a = 1 / (1 + np.exp(-(q + _U)))
+    return 1 + sum(float((a ** (k + 1)).mean()) for k in range(K))
+
+
+def quality_for(tau: float) -> float:
+    lo, hi = -8.0, 8.0
+    for _ in range(40):
+        lo, hi = ((lo + hi) / 2, hi) if true_tau((lo + hi) / 2) < tau else (lo, (lo + hi) / 2)
+    return (lo + hi) / 2
+
+
+def split_of(rng) -> tuple[np.ndarray, np.ndarray]:
+    return rng.normal(0, SPREAD, N), rng.integers(30, 120, N)
+
+
+def validations(rng, split, qualities) -> SampleCounts:
+    u, m = split
+    full = np.zeros((len(qualities), N, K))
+    for v, q in enumerate(qualities):
+        ok = np.ones((N, m.max()), dtype=bool)
+        for k in range(K):
+            ok &= rng.random((N, m.max())) < 1 / (1 + np.exp(-(q + u[:, None])))
+            full[v, :, k] = [ok[i, : m[i]].sum() for i in range(N)]
+    n = np.broadcast_to(m[None, :, None], full.shape).astype(float)
+    return SampleCounts(list(range(1, len(qualities) + 1)), [f"s{i}" for i in range(N)], n, full)
+
+
+def test_choosing_and_scoring_on_the_same_samples_is_biased_and_cross_fitting_is_not():
+    """Every checkpoint equally good (true tau known): the best of V validations scored on the samples that chose it
+    overshoots, more with more validations (small fractions validate more often under schedule: steps); the
+    cross-fitted score does not (within its Monte-Carlo error)."""
+    rng = np.random.default_rng(0)
+    truth = true_tau(1.0)
+    err = {4: [], 16: []}
+    for _ in range(200):
+        split = split_of(rng)
+        for v in err:
+            c = validations(rng, split, [1.0] * v)
+            err[v].append((same_split(c, np.ones(N)) - truth, cross_fit(c, np.ones(N))[0] - truth))
+    e4, e16 = np.array(err[4]), np.array(err[16])
+    assert abs(e16[:, 1].mean()) < 0.03 and abs(e4[:, 1].mean()) < 0.03  # its standard error here: ~0.006
+    gap4, gap16 = (e4[:, 0] - e4[:, 1]).mean(), (e16[:, 0] - e16[:, 1]).mean()  # paired: standard error ~0.001
+    assert gap4 > 0.01 and gap16 > gap4 + 0.005
+
+
+def test_resampled_error_is_the_spread_of_fresh_validation_splits_and_the_binomial_one_is_not():
+    """Answers differ in difficulty, so positions are correlated: the standard error from resampling samples matches
+    the spread of the score over fresh validation splits; the per-position binomial one is several times too small."""
+    rng = np.random.default_rng(1)
+    scores, resampled, binomial = [], [], []
+    for i in range(40):
+        c = validations(rng, split_of(rng), [1.0] * 6)
+        scored = score_points([c], 100, seed=i)
+        scores.append(scored.tau[0])
+        resampled.append(scored.se[0])
+        best = int(np.argmax(c.tau(np.ones(N))))
+        rec = {f"full_acc_{k}": c.full[best, :, k].sum() / c.n[best, :, k].sum() for k in range(K)}
+        binomial.append(tau_standard_error(rec, K, c.n[best, :, 0].sum()))
+    spread = float(np.std(scores, ddof=1))
+    assert 0.7 < np.mean(resampled) / spread < 1.4
+    assert np.mean(binomial) / spread < 0.3
+
+
+def test_the_band_covers_a_known_curve_and_the_binomial_floor_band_does_not():
+    """Five fractions on one validation split, each with checkpoints rising to the quality the true curve gives its
+    data: the resampled band's 10..90% covers the true curve at the points about as often as it should (0.8); the old
+    band (best validation, parametric noise at the binomial floor) seldom does."""
+    truth = Curve(c=3.2, t50=2e4, b=1.3)
+    tokens = np.array([5e3, 1e4, 2e4, 4e4, 8e4])
+    quality = [quality_for(t) for t in truth.tau(tokens)]
+    rng = np.random.default_rng(2)
+    new, old = [], []
+    for i in range(20):
+        split = split_of(rng)
+        cs = [validations(rng, split, [q - 0.6 * np.exp(-v / 2) for v in range(8)]) for q in quality]
+        scored = score_points(cs, 150, seed=i)
+        lo, hi = fit_scaling(tokens.tolist(), scored.tau, cap=4.0, resampled=scored.draws).band(tokens)
+        new.append(np.mean((lo <= truth.tau(tokens)) & (truth.tau(tokens) <= hi)))
+        best = [int(np.argmax(c.tau(np.ones(N)))) for c in cs]
+        ys = [float(c.tau(np.ones(N))[b]) for c, b in zip(cs, best, strict=True)]
+        ses = [tau_standard_error({f"full_acc_{k}": c.full[b, :, k].sum() / c.n[b, :, k].sum() for k in range(K)}, K,
+                                  c.n[b, :, 0].sum()) for c, b in zip(cs, best, strict=True)]
+        lo, hi = fit_scaling(tokens.tolist(), ys, cap=4.0, sigma_floor=float(np.median(ses)), draws=150,
+                             seed=i).band(tokens)
+        old.append(np.mean((lo <= truth.tau(tokens)) & (truth.tau(tokens) <= hi)))
+    assert np.mean(new) >= 0.6 and np.mean(old) <= 0.35, (np.mean(new), np.mean(old))
+
+
+def test_resampling_weights_a_sample_the_same_in_every_point():
+    """Points share one validation split: a draw that drops the hard samples raises every point together."""
+    rng = np.random.default_rng(3)
+    split = split_of(rng)
+    a, b = (validations(rng, split, [q] * 3) for q in (0.0, 1.0))
+    b.ids, b.n, b.full = b.ids[::-1], b.n[:, ::-1], b.full[:, ::-1]  # another order: matched by id, not position
+    scored = score_points([a, b], 300, seed=0)
+    assert np.corrcoef(scored.draws.T)[0, 1] > 0.8
+    assert scored.samples == N

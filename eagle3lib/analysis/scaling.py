@@ -10,10 +10,12 @@ power law c - a T^-b, whose ceiling ran past the flat top of the points.
 Fitting: for each (b, T50) of a grid, refined once around the best cell, the curve is linear in c - 1, solved by least
 squares with the caps applied; the pair with the smallest squared error wins. Exact and deterministic, no optimizer
 to converge.
-Band: parametric bootstrap. Refit the curve to the fitted values plus Gaussian noise of the points' spread (the
-residual spread when there are more points than parameters, never below the measurement's own standard error),
-and take the 10th..90th percentile of the refitted curves. The tokens needed for a target tau come from the same
-refits, with the share of refits in which the target is above the ceiling.
+Band: the 10th..90th percentile of refitted curves. Refits to resampled points when the caller has them (the
+data-scaling stage resamples validation samples, eagle3lib/analysis/scaling_points.py: the points' real,
+correlated uncertainty, whatever the number of points); otherwise a parametric bootstrap, the fitted values plus
+Gaussian noise of the points' spread (the residual spread when there are more points than parameters, never below
+the measurement's own standard error). The tokens needed for a target tau come from the same refits, with the share
+of refits in which the target is above the ceiling.
 """
 
 from __future__ import annotations
@@ -101,9 +103,10 @@ class ScalingFit:
 
 
 def fit_scaling(tokens: list[float], tau: list[float], *, cap: float | None, sigma_floor: float = 0.0,
-                draws: int = 300, seed: int = 0) -> ScalingFit:
-    """Fit tau(T) to the points (tokens, tau). `cap` is the largest possible tau (K + 1); `sigma_floor` the
-    measurement's own standard error, the least noise the band assumes."""
+                draws: int = 300, seed: int = 0, resampled: np.ndarray | None = None) -> ScalingFit:
+    """Fit tau(T) to the points (tokens, tau). `cap` is the largest possible tau (K + 1). The band: refits to
+    `resampled` [draws, points] (the points measured again under resampling) when given, else to Gaussian noise of
+    the residual spread, never below `sigma_floor` (the measurement's own standard error)."""
     t = np.asarray(tokens, dtype=float)
     y = np.asarray(tau, dtype=float)
     if len(set(t.tolist())) < MIN_POINTS:
@@ -111,6 +114,10 @@ def fit_scaling(tokens: list[float], tau: list[float], *, cap: float | None, sig
                           reason=f"{len(set(t.tolist()))} distinct data size(s): a curve needs at least {MIN_POINTS} "
                                  "(one point cannot be extrapolated; train on nested fractions of the data)")
     curve, sse = _fit_once(t, y, cap)
+    if resampled is not None:
+        ys = np.asarray(resampled, dtype=float)
+        sigma = float(np.median(np.std(ys, axis=0, ddof=1)))
+        return ScalingFit(curve, t.tolist(), y.tolist(), sigma, [_fit_once(t, row, cap)[0] for row in ys])
     n, p = len(y), 3
     resid_sigma = math.sqrt(sse / (n - p)) if n > p else 0.0
     sigma = max(resid_sigma, sigma_floor)
@@ -122,7 +129,8 @@ def fit_scaling(tokens: list[float], tau: list[float], *, cap: float | None, sig
 
 def tau_standard_error(val_rec: dict, ttt_steps: int, positions: float) -> float:
     """Binomial standard error of a validation's tau estimate, tau = 1 + sum_k p_k (p_k = full acceptance rate at
-    draft position k over `positions` counted positions); positions are treated as independent, so this is a floor."""
+    draft position k over `positions` counted positions). Positions are treated as independent, and the steps too,
+    so this is a floor: an answer's positions are correlated. Used only for runs without per-sample counts."""
     var = 0.0
     for k in range(ttt_steps):
         p = val_rec.get(f"full_acc_{k}")

@@ -41,7 +41,8 @@ class DataScalingConfig(StageConfig):
     reference_points: list[ReferencePoint] = []  # runs measured elsewhere (the field run), drawn beside the fit and
     # fitted with the points when `fit_reference_points`
     fit_reference_points: bool = True  # they are data too; False = drawn only
-    bootstrap_draws: int = Field(300, ge=10)  # refits for the uncertainty band (eagle3lib/analysis/scaling.py)
+    bootstrap_draws: int = Field(300, ge=10)  # resamplings of the validation samples, each re-scoring the points and
+    # refitting the curve: the points' standard errors and the band (eagle3lib/analysis/scaling_points.py)
 
     @field_validator("fractions")
     @classmethod

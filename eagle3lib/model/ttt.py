@@ -153,7 +153,9 @@ class TTTModel(nn.Module):
             tl.append(full[:, ids].float())
         return torch.cat(tl), torch.cat(am)
 
-    def forward(self, mb: MicroBatch, denominators: torch.Tensor, loss_scale: float = 1.0):
+    def forward(self, mb: MicroBatch, denominators: torch.Tensor, loss_scale: float = 1.0, sample_stats: bool = False):
+        """(loss, stats[STAT_KEYS, K]); with `sample_stats` also [B, samples per row, 2, K]: each sample's counted
+        positions and fully accepted ones per step (validation keeps them, so scores can be resampled by sample)."""
         d = self.drafter
         K = self.K
         B, S = mb.ids.shape
@@ -174,6 +176,7 @@ class TTTModel(nn.Module):
         prod = torch.ones(B, S, dtype=torch.bool, device=dev)  # prod_{j<k} c_j
         stats = torch.zeros(len(STAT_KEYS), K, dtype=torch.float64, device=dev)
         loss = mb.final.new_zeros((), dtype=torch.float32)
+        per = torch.zeros(B, int(mb.doc.max()) + 1, 2, K, dtype=torch.float64, device=dev) if sample_stats else None
         draft_ids = d.draft_ids
         for k, sel, out_rows in run_ttt(d, mb.aux, mb.ids, mb.pos, mb.doc, used, self.attention):
             # targets at position t+1+k of the selected rows
@@ -191,11 +194,15 @@ class TTTModel(nn.Module):
             stats[2, k] = (full & cnt).sum()
             stats[3, k] = (prod_sel & cnt).sum()
             stats[4, k] = (cnt & ~iv).sum()
+            if per is not None:
+                at = (b_idx, mb.doc[b_idx, i_idx], torch.zeros_like(b_idx), torch.full_like(b_idx, k))
+                per.index_put_(at, cnt.double(), accumulate=True)
+                per.index_put_((*at[:2], torch.ones_like(b_idx), at[3]), (full & cnt).double(), accumulate=True)
             new_prod = torch.zeros_like(prod)
             new_prod[sel] = full
             prod = new_prod
             loss = loss + (self.decay ** k) * kl_sum / denominators[k].clamp_min(1)
-        return loss * loss_scale, stats
+        return (loss * loss_scale, stats, per) if sample_stats else (loss * loss_scale, stats)
 
     def _loss(self, h: torch.Tensor, target: torch.Tensor, weight: torch.Tensor):
         """(sum over rows of weight * KL(softmax(target) || softmax(lm_head(h))), drafter argmax).

@@ -17,13 +17,15 @@ def plot_scaling(result: dict[str, Any]):
     pts, curve, target = result["points"], result["curve"], result["target"]
     if curve:
         ax.fill_between(curve["grid_tokens"], curve["band_lo"], curve["band_hi"], color="C0", alpha=0.18,
-                        label="10-90% band (bootstrap refits)")
+                        label="10-90% band (refits to resampled points)")
         ax.plot(curve["grid_tokens"], curve["tau"], color="C0", label="fit: tau = 1 + (c - 1) / (1 + (T50/T)^b)")
         ax.axhline(curve["c"], color="C0", ls=":", lw=1, label=f"ceiling c = {curve['c']:.2f}")
     if pts:
+        cross = all(p.get("scored_on", "").startswith("cross-fitted") for p in pts)
         ax.errorbar([p["train_tokens"] for p in pts], [p["val_tau_est"] for p in pts],
                     yerr=[p["val_tau_se"] for p in pts], fmt="o", color="C1", capsize=3,
-                    label="validation estimate (best checkpoint)")
+                    label="validation estimate (cross-fitted; resampled s.e.)" if cross else
+                    "validation estimate (best checkpoint; binomial s.e.)")
         v = [p for p in pts if p["tau_vllm_greedy"] is not None]
         if v:
             ax.plot([p["train_tokens"] for p in v], [p["tau_vllm_greedy"] for p in v], "s", color="C2", ms=7,
@@ -59,7 +61,7 @@ def points_table(result: dict[str, Any]) -> pl.DataFrame:
     """One row per data size: how much data, how long it trained, what it reached."""
     rows = [{"fraction": fraction_label(p["fraction"]), "train_samples": p["train_samples"], "train_tokens": p["train_tokens"],
              "steps": p["steps"], "best_step": p["best_step"], "val_tau_est": p["val_tau_est"],
-             "val_tau_se": p["val_tau_se"], "tau_vllm_greedy": p["tau_vllm_greedy"],
+             "val_tau_se": p["val_tau_se"], "val_tau_best": p.get("val_tau_best"), "tau_vllm_greedy": p["tau_vllm_greedy"],
              "still_improving": p["still_improving"], "train_s": p["train_s"],
              "trained": "reused" if p["reused"] else "here", "folder": p["dir"]} for p in result["points"]]
     return pl.DataFrame(rows, infer_schema_length=None) if rows else pl.DataFrame()

@@ -3,10 +3,13 @@
 For each of `data_scaling.fractions` the drafter is trained again with the train stage's recipe on that nested share
 of the training split (train.train_fraction; the held-out split is the same for all), in
 RUN_DIR/data_scaling/fraction-<f>/ (a complete train run each: resumable, skipped when done with the same settings).
-Each point is scored by its best validation's estimated tau (train/best, eagle3lib/training/best.py); the largest
+Each point is scored by its estimated tau at the validation chosen on the other half of the validation samples
+(cross-fitted, eagle3lib/analysis/scaling_points.py: the best of many validations scored on the samples that chose
+it is biased upward), with a standard error and the curve's band from resampling the validation samples; the largest
 `vllm_points` also by vLLM. The curve (eagle3lib/analysis/scaling.py) is fitted to the estimates, since every point
 has one and they share one held-out split, and inverted for the target tau, whose cost on every hardware row is the
-cost_projection section's model with the samples the curve asks for.
+cost_projection section's model with the samples the curve asks for. A run trained before per-sample counts were
+kept (no train/val_samples.jsonl) is scored as before, by its best validation, and says so (`scored_on`).
 
 Outputs in RUN_DIR/data_scaling/: fit.json (points, curve, band, target, cost), cost_for_target.csv, manifest.json.
 """
@@ -22,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from eagle3lib.analysis.scaling import ScalingFit, explain, fit_scaling, tau_standard_error
+from eagle3lib.analysis.scaling_points import load_counts, score_points
 from eagle3lib.config.stages import open_stage
 from eagle3lib.core.atomic import write_json_atomic, write_text_atomic
 from eagle3lib.core.manifest import StageTimer, clear_results, now_iso, read_manifest, update_manifest
@@ -101,7 +105,26 @@ def _point(ctx, fraction: float, train_dir: Path, m: dict[str, Any], reused: boo
             "steps": f["steps"], "epochs": f["epochs"], "train_s": f.get("train_s"),
             "val_tau_est": f.get("best_val_tau_est") or f.get("val_tau_est"),
             "val_tau_se": tau_standard_error(best_rec, k, best_rec.get("positions") or best_rec.get("tokens") or 1),
-            "best_step": best_step, "still_improving": f.get("still_improving"), "tau_vllm_greedy": None}
+            "best_step": best_step, "still_improving": f.get("still_improving"), "tau_vllm_greedy": None,
+            "scored_on": "the best validation, on the samples that chose it"}
+
+
+def _cross_fit(ctx, points: list[dict[str, Any]], draws: int, seed: int, echo) -> np.ndarray | None:
+    """Score every point on the validation samples that did not choose it, with resampled scores [draws, points];
+    None (the points keep their best validation's estimate) when a point's run kept no per-sample counts."""
+    counts = [load_counts(ctx.run_dir / p["dir"]) for p in points]
+    if not points or any(c is None for c in counts):
+        missing = [p["dir"] for p, c in zip(points, counts, strict=True) if c is None]
+        if missing:
+            echo(f"data_scaling: {', '.join(missing)} kept no per-sample validation counts (trained before they "
+                 "were kept): points scored by their best validation, on the samples that chose it (biased upward)")
+        return None
+    scored = score_points(counts, draws, seed)
+    for p, tau, se, chosen in zip(points, scored.tau, scored.se, scored.chosen, strict=True):
+        p.update({"val_tau_best": p["val_tau_est"], "val_tau_est": tau, "val_tau_se": se, "chosen_steps": list(chosen),
+                  "scored_on": f"cross-fitted: chosen on half of the {scored.samples} validation samples, scored on "
+                               "the other half, both ways"})
+    return scored.draws
 
 
 def _vllm_tau(ctx, point: dict[str, Any], k: int) -> tuple[float | None, str]:
@@ -173,14 +196,17 @@ def _run(ctx, timer: StageTimer, echo) -> dict[str, Any]:
     for fraction in cfg.fractions:
         tdir, m, reused = train_point(ctx, fraction, echo)
         points.append(_point(ctx, fraction, tdir, m, reused, k))
+    resampled = _cross_fit(ctx, points, cfg.bootstrap_draws, tcfg.seed, echo)
     for p in points[::-1][: cfg.vllm_points]:
         p["tau_vllm_greedy"], p["tau_vllm_source"] = _vllm_tau(ctx, p, k)
     refs = [{**r.model_dump(), "tokens": r.samples * r.tokens_per_sample} for r in cfg.reference_points]
     xs = [p["train_tokens"] for p in points] + ([r["tokens"] for r in refs] if cfg.fit_reference_points else [])
     ys = [p["val_tau_est"] for p in points] + ([r["tau"] for r in refs] if cfg.fit_reference_points else [])
     ses = [p["val_tau_se"] for p in points]
+    if resampled is not None and cfg.fit_reference_points and refs:  # measured elsewhere: the same in every draw
+        resampled = np.hstack([resampled, np.tile([r["tau"] for r in refs], (len(resampled), 1))])
     fit = fit_scaling(xs, ys, cap=k + 1.0, sigma_floor=float(np.median(ses)) if ses else 0.0,
-                      draws=cfg.bootstrap_draws, seed=tcfg.seed)
+                      draws=cfg.bootstrap_draws, seed=tcfg.seed, resampled=resampled)
     largest = max(points, key=lambda p: p["train_tokens"]) if points else None
     target = cfg.target_tau or round((largest["val_tau_est"] if largest else max(ys, default=2.0)) + 0.2, 2)
     epochs = cfg.epochs or tcfg.epochs
