@@ -11,13 +11,13 @@ import numpy as np
 import pytest
 from train_fixtures import SHARED_TRAIN, cached_store, make_run_dir
 
+from eagle3lib.analysis.scaling_points import load_counts
 from eagle3lib.config.stages import open_stage
 from eagle3lib.core.manifest import read_manifest
 from eagle3lib.data.packing import nested_subset, split_samples
-from eagle3lib.analysis.scaling_points import load_counts
 from eagle3lib.stages import data_scaling
-from eagle3lib.training.metrics import read_metrics
 from eagle3lib.training.loop import train
+from eagle3lib.training.metrics import read_metrics
 
 # the shared drafter's recipe (its train stage is the 1.0 point), logged more often: bookkeeping that does not change the
 # drafter, so the train stage still counts as the same recipe
