@@ -62,8 +62,8 @@ def test_fractions_nested_on_one_held_out_split_and_the_full_point_is_the_train_
         assert (run / p["checkpoint"] / "config.json").exists()
         assert p["scored_on"].startswith("cross-fitted") and len(p["chosen_steps"]) == 2
         # the per-sample counts (train/val_samples.jsonl) add up to each validation's own record
-        counts = load_counts(run / p["dir"])
         vals = [r for r in read_metrics(run / p["dir"] / "metrics.jsonl") if r["kind"] == "val"]
+        counts = load_counts(run / p["dir"], [r["step"] for r in vals])
         assert counts.steps == [r["step"] for r in vals] and len(counts.ids) == 15
         for s, rec in enumerate(vals):
             assert counts.n[s, :, 0].sum() == rec["positions"]

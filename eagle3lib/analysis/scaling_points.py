@@ -22,8 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from eagle3lib.training.metrics import read_metrics
-from eagle3lib.training.validate import SAMPLES_FILE, read_sample_counts
+from eagle3lib.data.val_counts import SAMPLES_FILE, read_sample_counts
 
 
 @dataclass
@@ -39,10 +38,9 @@ class SampleCounts:
         return 1.0 + np.where(den > 0, num / np.maximum(den, 1e-300), 0.0).sum(-1)
 
 
-def load_counts(train_dir: Path) -> SampleCounts | None:
-    """The per-sample counts of a train run's validations; None when it kept none (trained before they were kept)
-    or a validation that metrics.jsonl records has no counts."""
-    steps = [r["step"] for r in read_metrics(Path(train_dir) / "metrics.jsonl") if r.get("kind") == "val"]
+def load_counts(train_dir: Path, steps: list[int]) -> SampleCounts | None:
+    """The per-sample counts of a train run's validations at `steps` (those its metrics.jsonl records); None when it
+    kept none (trained before they were kept) or one of them has no counts."""
     got = read_sample_counts(Path(train_dir) / SAMPLES_FILE, set(steps))
     if not steps or any(s not in got for s in steps):
         return None

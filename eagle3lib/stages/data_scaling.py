@@ -112,7 +112,8 @@ def _point(ctx, fraction: float, train_dir: Path, m: dict[str, Any], reused: boo
 def _cross_fit(ctx, points: list[dict[str, Any]], draws: int, seed: int, echo) -> np.ndarray | None:
     """Score every point on the validation samples that did not choose it, with resampled scores [draws, points];
     None (the points keep their best validation's estimate) when a point's run kept no per-sample counts."""
-    counts = [load_counts(ctx.run_dir / p["dir"]) for p in points]
+    counts = [load_counts(ctx.run_dir / p["dir"], [r["step"] for r in read_metrics(ctx.run_dir / p["dir"] / "metrics.jsonl")
+                                                   if r.get("kind") == "val"]) for p in points]
     if not points or any(c is None for c in counts):
         missing = [p["dir"] for p, c in zip(points, counts, strict=True) if c is None]
         if missing:

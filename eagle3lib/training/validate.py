@@ -8,18 +8,15 @@ positions of one answer are correlated, so a per-position binomial error underst
 
 from __future__ import annotations
 
-import json
 import math
 import time
-from pathlib import Path
 from typing import Any
 
 import torch
 
+from eagle3lib.data.val_counts import SAMPLES_FILE, write_sample_counts
 from eagle3lib.model.ttt import STAT_KEYS, summarize
 from eagle3lib.training import distributed as dist
-
-SAMPLES_FILE = "val_samples.jsonl"
 
 
 @torch.no_grad()
@@ -55,29 +52,7 @@ def validate(t) -> dict[str, Any]:
            "positions": int(stats[0, 0]), **summarize(stats.cpu(), cfg.decay)}  # positions: counted at step 0
     if t.rank == 0:
         ids = [t.reader.ids[i] for i in where]
-        write_sample_counts(t.out_dir / SAMPLES_FILE, step, ids, per_sample.cpu())
+        per_sample = per_sample.cpu().long()
+        write_sample_counts(t.out_dir / SAMPLES_FILE, step, ids, per_sample[:, 0].tolist(), per_sample[:, 1].tolist())
     t.module.train()
     return rec
-
-
-def write_sample_counts(path: Path, step: int, ids: list[str], per_sample: torch.Tensor) -> None:
-    """One line: {"step", "ids", "n": [[counted at step k]], "full": [[fully accepted at step k]]} (integers)."""
-    line = {"step": step, "ids": ids, "n": per_sample[:, 0].long().tolist(), "full": per_sample[:, 1].long().tolist()}
-    with open(path, "a", encoding="utf-8") as f:
-        f.write(json.dumps(line, separators=(",", ":")) + "\n")
-
-
-def read_sample_counts(path: Path, steps: set[int] | None = None) -> dict[int, dict[str, Any]]:
-    """step -> that validation's counts; the last line for a step wins (a resumed run validates it again), torn lines
-    skipped; only `steps` (those metrics.jsonl holds) when given."""
-    out: dict[int, dict[str, Any]] = {}
-    if not path.exists():
-        return out
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(rec, dict) and isinstance(rec.get("step"), int) and (steps is None or rec["step"] in steps):
-            out[rec["step"]] = rec
-    return out
