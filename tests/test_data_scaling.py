@@ -71,7 +71,7 @@ def test_fractions_nested_on_one_held_out_split_and_the_full_point_is_the_train_
         assert p["val_tau_best"] == max(r["tau_est"] for r in vals)  # the old score: the same samples chose it
     # schedule "steps": every fraction plans as many optimizer steps as the whole data (whole epochs of its share,
     # so within one of its epochs); whether less data then scores lower needs a longer run than this one (33 steps):
-    # the demo's curve in the README, and tests/test_pipeline.py through the runner
+    # the demo's curve in docs/howto/data-scaling.md, and tests/test_pipeline.py through the runner
     full = pts[2]["steps"]
     for p in pts[:2]:
         planned = read_manifest(run / p["dir"])["figures"]["planned_steps"]

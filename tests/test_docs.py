@@ -1,0 +1,110 @@
+# .venv/bin/python -m pytest -q tests/test_docs.py
+"""The documentation site (mkdocs.yml, docs/): the parameter reference generated from the config classes lists every
+key of every section with its why; `make docs`'s build is strict (a broken link, anchor or missing page fails it) and
+offline; in Chromium, from the file system, the navigation reaches the parameter reference and search finds a key."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from test_browser import ARGS, _screenshot, _shots, browser, chromium  # noqa: F401 (fixtures)
+
+from eagle3lib.config.profile import SECTIONS, section_class
+from eagle3lib.config.reference import field_comments, markdown, reference
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_the_reference_lists_every_key_of_every_section_with_its_why():
+    ref = reference()
+    assert list(ref) == list(SECTIONS)
+    for section, params in ref.items():
+        assert [p.key for p in params] == list(section_class(section).model_fields), section
+        assert all(p.why for p in params), [f"{section}.{p.key}" for p in params if not p.why]
+    text = markdown()
+    for section, params in ref.items():
+        for p in params:
+            assert f"| `{p.key}` |" in text, f"{section}.{p.key}"
+    train = {p.key: p for p in ref["train"]}
+    assert train["packed_row_tokens"].range == ">= 16" or train["packed_row_tokens"].range.startswith(">")
+    assert "<think>" not in text  # escaped: a tag would swallow the rest of the cell
+
+
+def test_a_comment_that_wraps_onto_the_next_lines_is_read_whole():
+    """A long why continues on `# ...` lines below its field; a `#` inside a string is not a comment."""
+    from eagle3lib.config.data_scaling import DataScalingConfig
+
+    _, why = field_comments(DataScalingConfig)["schedule"]
+    assert why.startswith("steps: every fraction trains") and why.endswith("(cheaper: a fraction f costs f of the full run)")
+    from eagle3lib.config.verifier import VerifierConfig
+
+    assert field_comments(VerifierConfig)["extra_server_args"][1].startswith("passed verbatim to vLLM's api_server")
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("site")
+    r = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(out)], cwd=ROOT,
+                       capture_output=True, text=True, env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "WARNING" not in r.stderr, r.stderr
+    return out
+
+
+def test_the_site_builds_strict_and_offline_with_every_page(site):
+    pages = {p.relative_to(site).as_posix() for p in site.rglob("*.html")}
+    docs = {p.relative_to(ROOT / "docs").with_suffix(".html").as_posix() for p in (ROOT / "docs").rglob("*.md")}
+    assert docs <= pages
+    html = (site / "reference" / "parameters.html").read_text()
+    for section in SECTIONS:
+        assert f"<code>{section}</code>" in html
+    assert html.count("<tr>") > sum(len(section_class(s).model_fields) for s in SECTIONS)
+    for page in site.rglob("*.html"):  # nothing fetched from the network: no remote scripts, styles, fonts or images
+        text = page.read_text()
+        assert not re.search(r"src=\"(https?:)?//", text) and not re.search(r"<link[^>]+href=\"(https?:)?//", text), page
+
+
+@pytest.mark.slow
+def test_the_site_opens_from_the_file_system_and_navigates_to_the_reference(browser, site, tmp_path):  # noqa: F811
+    """Navigation from file://; search from a local HTTP server (browsers start no Web Worker for a file:// page),
+    with no network either way (every request outside the site is counted as an error)."""
+    import http.server
+    import threading
+    from functools import partial
+
+    page = browser.new_page(viewport={"width": 1400, "height": 1600})  # the whole navigation sidebar in view
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.on("requestfailed", lambda r: errors.append(f"failed: {r.url}"))
+    page.on("request", lambda r: None if r.url.startswith(("file://", "http://127.0.0.1", "data:", "blob:"))
+            else errors.append(f"outside the site: {r.url}"))
+    page.goto((site / "index.html").as_uri())
+    page.get_by_role("link", name="Parameters").first.click()
+    page.wait_for_url(re.compile(r"reference/parameters\.html"))
+    assert page.locator("td code", has_text="packed_row_tokens").count() >= 1
+    _screenshot(page, "docs_parameters.png", _shots(tmp_path))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), partial(http.server.SimpleHTTPRequestHandler,
+                                                                        directory=str(site)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        page.goto(f"http://127.0.0.1:{server.server_address[1]}/index.html")
+        search = page.locator("input[data-md-component=search-query]")
+        search.click()
+        search.fill("packed_row_tokens")
+        try:
+            page.locator(".md-search-result__item").first.wait_for(timeout=15_000)
+        finally:
+            _screenshot(page, "docs_search.png", _shots(tmp_path))
+        hrefs = [a.get_attribute("href") for a in page.locator(".md-search-result__item a").all()]
+        assert any("reference/parameters.html" in h for h in hrefs), hrefs
+        _screenshot(page, "docs_search.png", _shots(tmp_path))
+    finally:
+        server.shutdown()
+    # from file:// the theme looks for a script form of the search index, which only the offline plugin writes
+    # (with its CDN shim): search needs the local server, as mkdocs.yml says; nothing else may fail
+    assert not [e for e in errors if "file://" not in e or "/search/search_index.js" not in e], errors
