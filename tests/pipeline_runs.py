@@ -18,6 +18,8 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from eagle3lib.core.paths import ASSETS_DIR
+
 # The tiny pipeline at a small setting (tests/test_pipeline.py checks it; other modules read it).
 TINY_SETS = [
     "verifier_report.serve=false",  # served answers are covered by test_tiny_verifier; saves a server start
@@ -44,6 +46,11 @@ KIMI_SETS = [
     "generate.max_tokens=256",
     "train.max_steps=40",
     "train.log_every=10",
+    # continued from the shipped drafter (tau 3.35 served, eagle3lib/assets/tiny-kimi-drafter/build_report.json), so
+    # vLLM and the library are compared on a drafter accepted often, not on 40 steps from zero (tau ~1.5); and
+    # init_from is exercised on an MLA drafter. A low lr: continuing, not restarting.
+    f"train.init_from={ASSETS_DIR / 'tiny-kimi-drafter'}",
+    "train.lr=3.0e-4",
     # EAGLE 3.1's flags on the MLA drafter: vLLM 0.32's deepseek_eagle3.py runs both (fc_norm before fc in
     # combine_hidden_states, norm_output's post-norm state fed back); the library-vs-vLLM agreement checks they match
     "train.fc_norm=true",

