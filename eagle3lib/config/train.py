@@ -35,6 +35,11 @@ class TrainConfig(TorchrunConfig):
     # --- training-time test and loss
     ttt_steps: int = Field(3, ge=1)  # K drafted tokens trained per position; vLLM's num_speculative_tokens for the checkpoint
     decay: float = Field(0.8, gt=0, le=1)  # loss weight decay**k of TTT step k (EAGLE/SpecForge 0.8; speculators 1.0)
+    loss: Literal["kl", "reverse_kl", "jsd", "tv", "ce_argmax"] = "kl"  # the drafter's loss against the verifier's
+    # distribution: forward KL (EAGLE-3's; the fused kernel), reverse KL, Jensen-Shannon, total variation, or hard
+    # cross-entropy on the verifier's argmax (definitions: eagle3lib/model/draft_losses.py)
+    hidden_state_loss_weight: float = Field(0.0, ge=0)  # > 0 adds this times the mean squared error between the
+    # drafter's normed output state and the verifier's normed final state (hidden-state distillation); 0 = off
     out_of_vocab: Literal["mask", "keep"] = "mask"  # positions whose verifier argmax is outside the draft vocab:
     # "mask" drops them from the loss (the drafter can never propose that token); "keep" trains on the renormalised rest
 

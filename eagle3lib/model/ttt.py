@@ -40,6 +40,7 @@ from torch import nn
 
 from eagle3lib import kernels
 from eagle3lib.data.packing import MicroBatch
+from eagle3lib.model.draft_losses import draft_loss, hidden_state_loss
 from eagle3lib.model.drafter import Eagle3Drafter
 from eagle3lib.model.ttt_attention import make_attention
 
@@ -127,7 +128,7 @@ class TTTModel(nn.Module):
 
     def __init__(self, drafter: Eagle3Drafter, target_norm: torch.Tensor, target_head_full: torch.Tensor,
                  rms_norm_eps: float, ttt_steps: int, decay: float, out_of_vocab: str = "mask",
-                 attention: str = "auto", kernels_backend: str = "torch"):
+                 attention: str = "auto", kernels_backend: str = "torch", loss: str = "kl", hidden_weight: float = 0.0):
         super().__init__()
         self.drafter = drafter
         self.register_buffer("target_norm", target_norm.detach().clone(), persistent=False)
@@ -138,12 +139,18 @@ class TTTModel(nn.Module):
         self.out_of_vocab = out_of_vocab
         self.attention = attention
         self.kernels_backend = kernels_backend
+        self.loss = loss  # train.loss (eagle3lib/model/draft_losses.py)
+        self.hidden_weight = hidden_weight  # train.hidden_state_loss_weight
+
+    def normed(self, final: torch.Tensor) -> torch.Tensor:
+        """The verifier's final norm applied to its final hidden states (fp32)."""
+        x = final.float()
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.target_norm.float()
 
     @torch.no_grad()
     def targets(self, final: torch.Tensor, chunk: int = 4096) -> tuple[torch.Tensor, torch.Tensor]:
         """(target logits on the draft vocab [N, Vd] fp32, verifier argmax over the full vocab [N]) of final [N, H]."""
-        x = final.float()
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.target_norm.float()
+        x = self.normed(final)
         W = self.target_head_full
         ids = self.drafter.draft_ids
         tl, am = [], []
@@ -169,6 +176,7 @@ class TTTModel(nn.Module):
             need[:, 1 + k :] |= used[k][:, : S - 1 - k]
         need_idx = need.reshape(-1).nonzero().squeeze(1)
         tgt_logits, tgt_argmax = self.targets(mb.final.reshape(B * S, H)[need_idx])
+        tgt_hidden = self.normed(mb.final.reshape(B * S, H)[need_idx]).detach() if self.hidden_weight else None
         in_vocab = d.t2d[tgt_argmax]  # verifier argmax inside the draft vocabulary
         row_of = torch.full((B * S,), -1, dtype=torch.long, device=dev)
         row_of[need_idx] = torch.arange(need_idx.numel(), device=dev)
@@ -185,7 +193,10 @@ class TTTModel(nn.Module):
             tl, ta, iv = tgt_logits[r], tgt_argmax[r], in_vocab[r]
             cnt = counted[k][sel]
             w = cnt & iv if self.out_of_vocab == "mask" else cnt
-            kl_sum, am = self._loss(out_rows, tl, w)
+            kl_sum, am = self._loss(out_rows, tl, w)  # train.loss, reported as loss_k
+            step_loss = kl_sum
+            if tgt_hidden is not None:  # hidden-state distillation, added to the optimised loss only
+                step_loss = kl_sum + self.hidden_weight * hidden_state_loss(out_rows, tgt_hidden[r], w)
             correct = (draft_ids[am] == ta) & iv
             prod_sel = prod[sel]
             full = prod_sel & correct
@@ -201,14 +212,17 @@ class TTTModel(nn.Module):
             new_prod = torch.zeros_like(prod)
             new_prod[sel] = full
             prod = new_prod
-            loss = loss + (self.decay ** k) * kl_sum / denominators[k].clamp_min(1)
+            loss = loss + (self.decay ** k) * step_loss / denominators[k].clamp_min(1)
         return (loss * loss_scale, stats, per) if sample_stats else (loss * loss_scale, stats)
 
     def _loss(self, h: torch.Tensor, target: torch.Tensor, weight: torch.Tensor):
-        """(sum over rows of weight * KL(softmax(target) || softmax(lm_head(h))), drafter argmax).
+        """(sum over rows of weight * loss(softmax(target), softmax(lm_head(h))), drafter argmax).
 
-        "triton": the fused kernel (no [N, V] logits kept for the backward); "torch": the kernel's torch reference with
-        its hand-written backward (eagle3lib/kernels/draft_loss.py)."""
+        Forward KL (the default): "triton" the fused kernel (no [N, V] logits kept for the backward), "torch" the
+        kernel's torch reference with its hand-written backward (eagle3lib/kernels/draft_loss.py). The other losses:
+        eagle3lib/model/draft_losses.py (torch, chunked)."""
+        if self.loss != "kl":
+            return draft_loss(h, self.drafter.lm_head.weight, target, weight, self.loss)
         res = kernels.draft_kl_loss(h, self.drafter.lm_head.weight, target, weight.to(torch.float32), kind="kl",
                                     reduction="sum", backend=self.kernels_backend)
         return res.loss.float(), res.argmax
