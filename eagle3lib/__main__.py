@@ -48,6 +48,10 @@ def main(argv: list[str] | None = None) -> int:
     v.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
     v.add_argument("--port", type=int, default=8000)
     v.add_argument("--dry-run", action="store_true", help="print the command instead of running it")
+    n = sub.add_parser("init", help="write a first profile from a model's config, tokenizer and chat template")
+    n.add_argument("--model", required=True, help="a local model folder or a hub name")
+    n.add_argument("--out", required=True, help="the profile to write, e.g. params/mymodel.yaml")
+    n.add_argument("--gpu-gib", type=float, default=80, help="memory per GPU, for tensor_parallel_size (default 80)")
     args = ap.parse_args(argv)
 
     try:
@@ -93,6 +97,12 @@ def main(argv: list[str] | None = None) -> int:
             print(convert_drafter(args.checkpoint, getattr(args, "layout", "speculators"), args.out))
         elif args.cmd == "serve":
             return _serve(args)
+        elif args.cmd == "init":
+            from eagle3lib.pipeline.profile_init import write_profile
+
+            out = write_profile(args.model, args.out, args.gpu_gib)
+            print(f"{out}: written; read its comments, set generate.dataset, then: python -m eagle3lib params "
+                  f"--profile {out}")
     except (ParamsError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

