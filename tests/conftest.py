@@ -7,6 +7,7 @@ back by making another test cheaper (docs/developing.md: the table of what to re
 from __future__ import annotations
 
 import os
+import subprocess
 from pathlib import Path
 
 import pipeline_runs
@@ -171,3 +172,31 @@ def tiny_run(_pipeline_runs) -> pipeline_runs.PipelineRun:
 def kimi_run(_pipeline_runs) -> pipeline_runs.PipelineRun:
     """The tiny-kimi verifier through the runner (verifier, generate, extract, train, evaluate); `.check()` waits."""
     return _pipeline_runs["kimi_run"]
+
+
+# ------------------------------------------------------------------------------------------ a real browser
+# One Chromium for the session, shared by tests/test_browser.py and tests/test_docs.py (a second sync Playwright
+# started while the first is open fails: "Sync API inside the asyncio loop").
+CHROMIUM = Path("/usr/bin/chromium")
+# the probe's flags: no sandbox as root, and none of Chromium's own network traffic on a closed machine
+ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+        "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage"]
+
+
+@pytest.fixture(scope="session")
+def chromium() -> Path:
+    if not CHROMIUM.exists():  # Debian's package, from the machine's package registry
+        r = subprocess.run("apt-get update -q && apt-get install -y -q chromium", shell=True, capture_output=True,
+                           text=True)
+        assert CHROMIUM.exists(), f"could not install Debian's chromium (exit {r.returncode}): {r.stderr[-2000:]}"
+    return CHROMIUM
+
+
+@pytest.fixture(scope="session")
+def browser(chromium):
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=str(chromium), args=ARGS)
+        yield b
+        b.close()

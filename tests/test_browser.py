@@ -20,31 +20,6 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-CHROMIUM = Path("/usr/bin/chromium")
-# the probe's flags: no sandbox as root, and none of Chromium's own network traffic on a closed machine
-ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-        "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage"]
-
-
-@pytest.fixture(scope="session")
-def chromium() -> Path:
-    if not CHROMIUM.exists():  # Debian's package, from the machine's package registry
-        r = subprocess.run("apt-get update -q && apt-get install -y -q chromium", shell=True, capture_output=True,
-                           text=True)
-        assert CHROMIUM.exists(), f"could not install Debian's chromium (exit {r.returncode}): {r.stderr[-2000:]}"
-    return CHROMIUM
-
-
-@pytest.fixture(scope="session")
-def browser(chromium):
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=str(chromium), args=ARGS)
-        yield b
-        b.close()
-
-
 def _shots(tmp: Path) -> list[Path]:
     out = [tmp]
     if os.environ.get("EAGLE3LIB_SCREENSHOTS"):

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_browser import ARGS, _screenshot, _shots, browser, chromium  # noqa: F401 (fixtures)
+from test_browser import _screenshot, _shots
 
 from eagle3lib.config.profile import SECTIONS, section_class
 from eagle3lib.config.reference import field_comments, markdown, reference
@@ -70,7 +70,7 @@ def test_the_site_builds_strict_and_offline_with_every_page(site):
 
 
 @pytest.mark.slow
-def test_the_site_opens_from_the_file_system_and_navigates_to_the_reference(browser, site, tmp_path):  # noqa: F811
+def test_the_site_opens_from_the_file_system_and_navigates_to_the_reference(browser, site, tmp_path):
     """Navigation from file://; search from a local HTTP server (browsers start no Web Worker for a file:// page),
     with no network either way (every request outside the site is counted as an error)."""
     import http.server
