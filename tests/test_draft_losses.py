@@ -83,7 +83,7 @@ def test_bounds_that_define_each_loss():
 
 
 @pytest.mark.parametrize("loss", LOSSES)
-def test_every_loss_trains_one_batch_and_is_the_reported_loss(loss):
+def test_every_loss_trains_one_batch_and_is_the_reported_loss(loss, one_thread):  # tiny model: one thread is fastest
     torch.manual_seed(0)
     d = make_drafter(seed=2)
     W = torch.randn(V, H) * 3
@@ -107,7 +107,7 @@ def test_every_loss_trains_one_batch_and_is_the_reported_loss(loss):
     assert float(total) == pytest.approx(after["loss"], rel=1e-4)  # the optimised loss is the one reported
 
 
-def test_the_hidden_state_term_changes_the_gradient_not_the_report():
+def test_the_hidden_state_term_changes_the_gradient_not_the_report(one_thread):
     d = make_drafter(seed=3)
     W = torch.randn(V, H)
     mb = packed_batch([[12, 9]], S=24, seed=5)
