@@ -31,7 +31,8 @@ def test_the_reference_lists_every_key_of_every_section_with_its_why():
         for p in params:
             assert f"| `{p.key}` |" in text, f"{section}.{p.key}"
     train = {p.key: p for p in ref["train"]}
-    assert train["packed_row_tokens"].range == ">= 16" or train["packed_row_tokens"].range.startswith(">")
+    assert train["packed_row_tokens"].range == ">= 8" and train["packed_row_tokens"].default == "2048"
+    assert train["lr"].range == "> 0" and train["lr"].why.startswith("peak AdamW learning rate")
     assert "<think>" not in text  # escaped: a tag would swallow the rest of the cell
 
 

@@ -74,6 +74,15 @@ def test_a_model_vllm_cannot_draft_for_is_refused_with_the_reason(tmp_path, caps
     assert "not a local folder, and its config.json could not be fetched" in capsys.readouterr().err
 
 
+def test_a_verifier_too_shallow_for_three_feature_layers_is_refused(tmp_path, capsys):
+    model = tmp_path / "shallow"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3",
+                                                   "num_hidden_layers": 5, "hidden_size": 64}))
+    assert main(["init", "--model", str(model), "--out", str(tmp_path / "s.yaml")]) == 2
+    assert "[2, 2, 2] are not distinct" in capsys.readouterr().err and not (tmp_path / "s.yaml").exists()
+
+
 def test_an_existing_profile_is_not_overwritten(tmp_path, capsys):
     out = tmp_path / "p.yaml"
     out.write_text("mine")

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from eagle3lib.model.verifier import aux_layer_ids
+
 # (marker in the chat template, vLLM reasoning parser, why); the first match wins
 REASONING = [
     ("<|im_assistant|>", "kimi_k2", "Kimi's chat format (<|im_assistant|>) with <think> blocks"),
@@ -125,10 +127,10 @@ def profile_text(facts: ModelFacts, gpu_gib: float = GPU_GIB) -> str:
         raise InitError(f"--model {facts.path}: {why_vllm}")
     t = facts.text
     layers, hidden = int(t["num_hidden_layers"]), int(t["hidden_size"])
-    aux = [2, layers // 2, layers - 3]
-    if len(set(aux)) < 3 or aux[0] >= layers:
-        raise InitError(f"--model {facts.path}: {layers} layers; EAGLE-3 takes 3 distinct layers {{2, L//2, L-3}}, "
-                        "which needs at least 7")
+    try:
+        aux = aux_layer_ids(None, layers)  # vLLM's default, checked as every stage checks it
+    except ValueError as e:
+        raise InitError(f"--model {facts.path}: {e}") from None
     mla = bool(t.get("kv_lora_rank"))
     parser, why_parser = _reasoning(facts.template)
     eot, why_eot = _end_of_turn(facts.template, facts.eos)
