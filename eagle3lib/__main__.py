@@ -3,7 +3,7 @@
   run            execute stage notebooks in order into a run directory (see eagle3lib.pipeline.runner)
   params         print a profile as validated, overrides applied
   stages         list the stages and their notebooks
-  build-verifier build (or find in the cache) an embedded tiny verifier (tiny, tiny-kimi) and print its path
+  build-verifier build (or find in the cache) an embedded tiny verifier (tiny, tiny-long, tiny-kimi) and print its path
   export         write a drafter (either layout) in the speculators or the EAGLE layout: export CKPT --layout eagle --out DIR
   import         a drafter in the EAGLE layout (SpecForge, EAGLE, AQ-MedAI) into the speculators layout vLLM reads
   serve          run the profile's verifier as the generate stage would start it, on a given host and port, in the
@@ -33,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--set", action="append", dest="overrides", metavar="SECTION.KEY=VALUE")
     sub.add_parser("stages", help="list stages")
     b = sub.add_parser("build-verifier", help="build a tiny verifier (cached) and print its path")
-    b.add_argument("--name", default="tiny", choices=["tiny", "tiny-kimi"], help="which one (default: tiny)")
+    b.add_argument("--name", default="tiny", choices=["tiny", "tiny-long", "tiny-kimi"], help="which one (default: tiny)")
     b.add_argument("--ship", action="store_true", help="also copy it into the package (eagle3lib/assets/<name>-verifier)")
     e = sub.add_parser("export", help="write a drafter checkpoint in another layout (speculators or eagle)")
     e.add_argument("checkpoint", help="a drafter folder, either layout (e.g. runs/demo/train/final)")
@@ -87,9 +87,10 @@ def main(argv: list[str] | None = None) -> int:
         elif args.cmd == "build-verifier":
             from eagle3lib.tiny.build import ship, tiny_verifier_path
             from eagle3lib.tiny.kimi import TinyKimiRecipe
+            from eagle3lib.tiny.long import TinyLongRecipe
             from eagle3lib.tiny.recipe import TinyRecipe
 
-            recipe = TinyKimiRecipe() if args.name == "tiny-kimi" else TinyRecipe()
+            recipe = {"tiny-kimi": TinyKimiRecipe, "tiny-long": TinyLongRecipe}.get(args.name, TinyRecipe)()
             print(ship(recipe) if args.ship else tiny_verifier_path(recipe))
         elif args.cmd in ("export", "import"):
             from eagle3lib.model.interop import convert_drafter

@@ -17,7 +17,7 @@ import torch
 # A test using any of these fixtures needs a vLLM server, the pipeline or a browser: marked `slow` (`make test-fast`
 # leaves it out); other slow tests carry the marker by hand.
 SLOW_FIXTURES = {"vllm_server", "spec_server", "servers", "evaluated", "plain_server", "vllm_extractor", "tiny_run",
-                 "kimi_run", "browser", "lab"}
+                 "kimi_run", "long_run", "browser", "lab"}
 SPEC_K = 3  # the tests' drafter is trained for K = 3 (the tiny profile's train.ttt_steps)
 
 
@@ -28,7 +28,7 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.slow)
     # The tests that read the background pipeline runs go last (in their order), so the runs have the rest of the
     # suite to finish in: a reader early in the session would only wait for them.
-    readers = [i for i in items if {"tiny_run", "kimi_run"} & set(getattr(i, "fixturenames", ()))]
+    readers = [i for i in items if {"tiny_run", "kimi_run", "long_run"} & set(getattr(i, "fixturenames", ()))]
     items[:] = [i for i in items if i not in readers] + readers
 
 
@@ -140,12 +140,13 @@ def spec_server(tiny_verifier, train_dir, tmp_path_factory, request):
 
 @pytest.fixture(scope="session", autouse=True)
 def _pipeline_runs(request, _self_contained_caches, tmp_path_factory) -> dict[str, pipeline_runs.PipelineRun]:
-    """The pipeline runs the collected tests ask for (`tiny_run`, `kimi_run`), started at once in the background
+    """The pipeline runs the collected tests ask for (`tiny_run`, `kimi_run`, `long_run`), started at once in the background
     (tests/pipeline_runs.py says why); a file run alone that needs none starts none."""
     from eagle3lib.tiny.build import tiny_verifier_path
     from eagle3lib.tiny.kimi import TinyKimiRecipe
+    from eagle3lib.tiny.long import TinyLongRecipe
 
-    wanted = {n for item in request.session.items for n in ("tiny_run", "kimi_run")
+    wanted = {n for item in request.session.items for n in ("tiny_run", "kimi_run", "long_run")
               if n in getattr(item, "fixturenames", ())}
     root, env, runs = tmp_path_factory.mktemp("runs"), pipeline_runs.background_env(), {}
     if "tiny_run" in wanted:
@@ -154,6 +155,9 @@ def _pipeline_runs(request, _self_contained_caches, tmp_path_factory) -> dict[st
     if "kimi_run" in wanted:
         tiny_verifier_path(TinyKimiRecipe(), progress=False)
         runs["kimi_run"] = pipeline_runs.kimi_run(root, env)
+    if "long_run" in wanted:
+        tiny_verifier_path(TinyLongRecipe(), progress=False)
+        runs["long_run"] = pipeline_runs.long_run(root, env)
     pipeline_runs.in_background(list(runs.values()))
     yield runs
     for r in runs.values():  # a session cut short (a failed -x run) still waits: no runner left writing
@@ -172,6 +176,12 @@ def tiny_run(_pipeline_runs) -> pipeline_runs.PipelineRun:
 def kimi_run(_pipeline_runs) -> pipeline_runs.PipelineRun:
     """The tiny-kimi verifier through the runner (verifier, generate, extract, train, evaluate); `.check()` waits."""
     return _pipeline_runs["kimi_run"]
+
+
+@pytest.fixture(scope="session")
+def long_run(_pipeline_runs) -> pipeline_runs.PipelineRun:
+    """The tiny-long verifier through the runner on a handful of samples, one of ~9K tokens; `.check()` waits."""
+    return _pipeline_runs["long_run"]
 
 
 # ------------------------------------------------------------------------------------------ a real browser

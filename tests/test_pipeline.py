@@ -79,6 +79,16 @@ def test_tiny_pipeline_end_to_end(tiny_run):
     # accepted in vLLM and the library (1.47 / 1.41 measured; a drafter loaded or fed wrongly is accepted ~never)
     assert e["tau_vllm_greedy"] > 1.2 and e["tau_lib_greedy"] > 1.2, (e["tau_vllm_greedy"], e["tau_lib_greedy"])
     assert e["vllm_tokens_per_s_spec"] > 0 and e["vllm_tokens_per_s_base"] > 0
+    # per context bucket: vLLM's prompts sent per (category, bucket) group, whose counters add up to the whole pass's;
+    # the library's rounds placed by their context
+    res = json.loads((run / "evaluate" / "results.json").read_text())
+    for side in ("vllm", "lib"):
+        whole, buckets = res[side]["greedy"], res[side]["greedy"]["context_buckets"]
+        assert set(buckets) == {"<40", ">=40"}, buckets
+        assert sum(b["rounds"] for b in buckets.values()) == whole["rounds"]
+        assert sum(b["accepted"] for b in buckets.values()) == whole["accepted"]
+        assert e[f"tau_{side}_greedy_ctx_lt40"] == buckets["<40"]["tau"]
+    assert sum(b["prompts"] for b in res["vllm"]["greedy"]["context_buckets"].values()) == 6
     (ev,) = [r for r in tb if r["kind"] == "evaluate"]
     assert ev["step"] == tf["steps"] + 1 and abs(ev["tau_vllm_greedy"] - e["tau_vllm_greedy"]) < 1e-5
 

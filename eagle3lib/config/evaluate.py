@@ -46,6 +46,9 @@ class EvaluateConfig(StageConfig):
     ttt_steps_sweep: list[int] = []  # also measure greedy tau, acceptance per position and tokens/s at each of these K
     # through vLLM, one speculative server each (the main K reuses the main greedy pass: a server start fewer), and recommend
     # a K: measured here, and from a GPU cost model (eagle3lib/evaluation/k_sweep.py); [] = no sweep
+    context_buckets: list[int] = []  # context-length edges in tokens, e.g. [4096, 8192]: tau also per bucket ("<4K",
+    # "4K-8K", ">=8K"): the library per round (prompt + tokens generated so far), vLLM per prompt-length group
+    # (eagle3lib/data/context_buckets.py); [] = none
     # --- comparison
     tolerance: float = Field(0.15, ge=0)  # |tau_lib - tau_vllm| (greedy) flagged beyond this: bf16 serving vs fp32 library diverge on near-ties (measured gaps ~0.01)
     tolerance_sampled: float = Field(0.3, ge=0)  # the same for sampled decoding (independent samples: ~0.05 standard deviation at ~800 rounds)
@@ -63,6 +66,8 @@ class EvaluateConfig(StageConfig):
         if self.ttt_steps_sweep and not (self.vllm and "greedy" in self.modes):
             raise ValueError("evaluate.ttt_steps_sweep measures greedy decoding through vLLM: it needs evaluate.vllm "
                              "true and greedy in evaluate.modes")
+        if self.context_buckets != sorted(set(self.context_buckets)) or any(e < 1 for e in self.context_buckets):
+            raise ValueError(f"evaluate.context_buckets: increasing token counts >= 1, got {self.context_buckets}")
         if any(k < 1 for k in self.ttt_steps_sweep):
             raise ValueError(f"evaluate.ttt_steps_sweep: every K is at least 1, got {self.ttt_steps_sweep}")
         return self

@@ -33,6 +33,9 @@ from eagle3lib.data.benchmarks import HUB_PREFIX, benchmark_id, benchmark_messag
 BUILTIN = {  # datasets shipped with the project (written for it, no downloads)
     "builtin:tiny-train": ASSETS_DIR / "prompts" / "train.jsonl",
     "builtin:tiny-heldout": ASSETS_DIR / "prompts" / "heldout.jsonl",
+    # tiny-long's (eagle3lib/tiny/long.py): short prompts and documents of 1-16K tokens
+    "builtin:tiny-long-train": ASSETS_DIR / "prompts" / "long-train.jsonl.zst",
+    "builtin:tiny-long-heldout": ASSETS_DIR / "prompts" / "long-heldout.jsonl.zst",
 }
 SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "chatgpt": "assistant",
                   "bard": "assistant", "model": "assistant", "system": "system", "tool": "tool"}

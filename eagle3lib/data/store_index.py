@@ -180,7 +180,9 @@ def repair_store(root: str | Path) -> list[str]:
 
 
 def store_totals(entries: dict[str, dict[str, Any]]) -> dict[str, int]:
-    """Samples, tokens, loss tokens, bytes and shards over index entries (each shard counted once)."""
+    """Samples, tokens, the longest sample, loss tokens, bytes and shards over index entries (each shard counted
+    once)."""
     e = list(entries.values())
     return {"samples": sum(len(x["ids"]) for x in e), "tokens": sum(sum(x["lengths"]) for x in e),
+            "longest_sample_tokens": max((max(x["lengths"], default=0) for x in e), default=0),
             "loss_tokens": sum(x["loss_tokens"] for x in e), "bytes": sum(x["bytes"] for x in e), "shards": len(e)}

@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from eagle3lib.data.context_buckets import bucket_key
 from eagle3lib.evaluation.inputs import EvaluateError, check_drafter
 from eagle3lib.evaluation.phases import fingerprint
 from eagle3lib.evaluation.spec_pass import measure_spec
@@ -55,6 +56,8 @@ def drafter_row(label: str, res: dict[str, Any], estimate: float | None) -> dict
         row[f"accept_rate_pos_{i}"] = rate
     for cat, c in sorted((res.get("categories") or {}).items()):
         row[f"tau_{cat}"] = c.get("tau")
+    for label, c in (res.get("context_buckets") or {}).items():  # evaluate.context_buckets
+        row[f"tau_{bucket_key(label)}"] = c.get("tau")
     return row
 
 

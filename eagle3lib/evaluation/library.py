@@ -95,7 +95,9 @@ def per_prompt_rows(lib: dict[str, Any], modes: list[str]) -> list[dict[str, Any
     return rows
 
 
-def summarize_library(lib: dict[str, Any], modes: list[str], k: int) -> dict[str, Any]:
+def summarize_library(lib: dict[str, Any], modes: list[str], k: int, edges: list[int] | None = None) -> dict[str, Any]:
+    """Pooled figures per mode, per category and, with context-length `edges`, per context bucket."""
+    from eagle3lib.data.context_buckets import library_buckets
     from eagle3lib.model.speculative import DecodeResult, summarize_runs
 
     recs = lib["records"]
@@ -106,6 +108,8 @@ def summarize_library(lib: dict[str, Any], modes: list[str], k: int) -> dict[str
             return summarize_runs([DecodeResult(**r[mode]) for r in sel], k)
 
         out[mode] = {**pooled(recs), "categories": {c: pooled([r for r in recs if r["category"] == c]) for c in cats}}
+        if edges:
+            out[mode]["context_buckets"] = library_buckets(recs, mode, edges, k)
     plain_s = sum(r["plain"]["seconds"] for r in recs)
     plain_tok = sum(len(r["plain"]["tokens"]) for r in recs)
     base = out[lib["baseline_mode"]]

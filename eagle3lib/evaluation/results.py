@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from eagle3lib.data.context_buckets import bucket_key
 from eagle3lib.vllm.server import has_cuda
 
 METHODS = ("train_est", "val_est", "same_dist_est", "lib_greedy", "lib_sampled", "vllm_greedy", "vllm_sampled")
@@ -105,6 +106,9 @@ def build_figures(results: dict[str, Any]) -> dict[str, Any]:
         for mode in ("greedy", "sampled"):
             for cat, row in (block.get(mode) or {}).get("categories", {}).items():
                 f[f"tau_{side}_{mode}_{cat}"] = row.get("tau")
+            for label, row in (block.get(mode) or {}).get("context_buckets", {}).items():
+                f[f"tau_{side}_{mode}_{bucket_key(label)}"] = row.get("tau")
+                f[f"rounds_{side}_{mode}_{bucket_key(label)}"] = row.get("rounds")
     lib = results.get("lib") or {}
     f["speedup_lib"] = lib.get("speedup")
     f["lib_tokens_per_s_plain"] = (lib.get("plain") or {}).get("tokens_per_s")

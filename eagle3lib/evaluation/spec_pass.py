@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from eagle3lib.evaluation.phases import load_phase, save_phase
-from eagle3lib.vllm.measure import run_pass, warmup
+from eagle3lib.vllm.measure import prompt_bucket, run_pass, warmup
 from eagle3lib.vllm.server import server_for_verifier
 
 
@@ -27,7 +27,7 @@ def measure_spec(cfg, vcfg, model_path: str, ckpt: Path, prompts, k: int, out_di
         warmup(ep, prompts, cfg.warmup_requests, min(16, cfg.max_tokens), 0.0, cfg.request_timeout_s)
         res = run_pass(ep, prompts, temperature=0.0, max_tokens=cfg.max_tokens, concurrency=cfg.concurrency,
                        request_timeout_s=cfg.request_timeout_s, connect_timeout_s=cfg.connect_timeout_s,
-                       counters=True, label=name, progress=cfg.progress)
+                       counters=True, label=name, progress=cfg.progress, bucket=prompt_bucket(cfg))
     res.pop("outputs", None)
     save_phase(out_dir, name, key, res)
     return res

@@ -318,6 +318,8 @@ class DecodeResult:
     rounds: int = 0  # verification rounds (each drafted K tokens)
     accepted: int = 0  # draft tokens accepted over all rounds
     accepted_per_pos: list[int] = field(default_factory=list)  # rounds with more than i accepted, i = 0..K-1
+    accepted_per_round: list[int] = field(default_factory=list)  # accepted drafts of each round, in order: with the
+    # prompt length it places every round at its context length (eagle3lib.data.context_buckets.py)
     forwards: int = 0  # verifier forward passes (prefill included)
 
     @property
@@ -393,6 +395,7 @@ def speculative_decode(verifier: Verifier, drafter: Drafter, prompt: Sequence[in
                 n_acc, nxt = accept_sampled(draft, prop.probs, logits, temperature, generator)
             res.rounds += 1
             res.accepted += n_acc
+            res.accepted_per_round.append(n_acc)
             for i in range(n_acc):
                 res.accepted_per_pos[i] += 1
             emitted = draft[:n_acc].tolist() + [nxt]

@@ -20,20 +20,24 @@ from eagle3lib.config.verifier import aux_order_problem
 BUILTIN_TINY = "builtin:tiny"
 BUILTINS = {  # verifier.model -> what it is (the names the stage reports show)
     BUILTIN_TINY: "eagle3lib tiny (built)",
+    "builtin:tiny-long": "eagle3lib tiny-long (built; the dense one trained further on 16K-token documents)",
     "builtin:tiny-kimi": "eagle3lib tiny-kimi (built; DeepSeek-V3 MLA + MoE)",
     "builtin:tiny-kimi-k25": "eagle3lib tiny-kimi in the Kimi-K2.5 wrapper (built)",
 }
 
 
 def resolve_model(model: str) -> str:
-    """`builtin:tiny`, `builtin:tiny-kimi` (its Kimi-K2.5 wrapper form: `builtin:tiny-kimi-k25`) -> the cached tiny
+    """`builtin:tiny`, `builtin:tiny-long`, `builtin:tiny-kimi` (its Kimi-K2.5 wrapper form: `builtin:tiny-kimi-k25`) -> the cached tiny
     verifier (built on first use); anything else is an HF id or a local dir."""
     if model in BUILTINS:
         from eagle3lib.tiny.build import tiny_kimi_k25_path, tiny_verifier_path
         from eagle3lib.tiny.kimi import TinyKimiRecipe
+        from eagle3lib.tiny.long import TinyLongRecipe
 
         if model == BUILTIN_TINY:
             return str(tiny_verifier_path())
+        if model == "builtin:tiny-long":
+            return str(tiny_verifier_path(TinyLongRecipe()))
         return str(tiny_verifier_path(TinyKimiRecipe()) if model == "builtin:tiny-kimi" else tiny_kimi_k25_path())
     if model.startswith("builtin:"):
         raise ValueError(f"verifier.model: unknown builtin '{model}' (known: {', '.join(BUILTINS)})")

@@ -41,6 +41,28 @@ def category_table(results: dict[str, Any]) -> pl.DataFrame:
     return pl.DataFrame(rows, schema=schema, orient="row")
 
 
+def context_table(results: dict[str, Any]) -> pl.DataFrame:
+    """tau per context-length bucket (evaluate.context_buckets) and method, with the library's rounds in each: the
+    library buckets each round by its context, vLLM each request by its prompt (eagle3lib/data/context_buckets.py)."""
+    cols = [(s, m) for s in ("lib", "vllm") for m in ("greedy", "sampled")]
+    blocks = {c: (((results.get(c[0]) or {}).get(c[1]) or {}).get("context_buckets") or {}) for c in cols}
+    labels = list(dict.fromkeys(label for b in blocks.values() for label in b))
+    rows = []
+    for label in labels:
+        row: dict[str, Any] = {"context": label}
+        for s, m in cols:
+            b = blocks[(s, m)].get(label) or {}
+            row[f"tau_{s}_{m}"] = b.get("tau")
+            if s == "lib" and m == "greedy":
+                row["rounds_lib_greedy"] = b.get("rounds")
+            if s == "vllm" and m == "greedy":
+                row["prompts_vllm"] = b.get("prompts")
+        rows.append(row)
+    schema = {"context": pl.Utf8, "tau_lib_greedy": pl.Float64, "rounds_lib_greedy": pl.Int64, "tau_lib_sampled": pl.Float64,
+              "tau_vllm_greedy": pl.Float64, "prompts_vllm": pl.Int64, "tau_vllm_sampled": pl.Float64}
+    return pl.DataFrame([{c: r.get(c) for c in schema} for r in rows], schema=schema, orient="row")
+
+
 def speed_table(results: dict[str, Any]) -> pl.DataFrame:
     """Library: plain vs speculative decoding wall clock; vLLM: output tokens/s with and without the drafter."""
     rows = []

@@ -140,6 +140,8 @@ def _run(ctx, cfg, vcfg, timer) -> dict[str, Any]:
                "device_map": cfg.device_map, "draft_sampling": cfg.draft_sampling, "threads": cfg.cpu_threads}
     vkey = {**base_key, "concurrency": cfg.concurrency, "dtype": vcfg.dtype, "server_args": cfg.server_args,
             "extra_server_args": vcfg.extra_server_args, "warmup": cfg.warmup_requests}
+    if cfg.context_buckets:  # vLLM's passes run per bucket group (the library's buckets come from its records)
+        vkey["context_buckets"] = cfg.context_buckets
     spec_cfg = {"method": "eagle3", "model": str(ckpt), "num_speculative_tokens": k}
     keys = {w: {**vkey, "which": w, "url": servers.key_url(w)} for w in ("spec", "base")}
     cached = {w: load_phase(out_dir, f"vllm_{w}", keys[w]) if cfg.vllm else None for w in ("spec", "base")}
@@ -160,7 +162,7 @@ def _run(ctx, cfg, vcfg, timer) -> dict[str, Any]:
                 lib_raw = measure_library(cfg, vcfg, model_path, ckpt, lib_prompts, k, eos)
                 save_phase(out_dir, "library", lib_key, lib_raw)
             results["phases"]["library"] = {"seconds": round(time.time() - t0, 1), "reused": reused}
-            results["lib"] = summarize_library(lib_raw, cfg.modes, k)
+            results["lib"] = summarize_library(lib_raw, cfg.modes, k, cfg.context_buckets)
             results["lib_per_prompt"] = per_prompt_rows(lib_raw, cfg.modes)
             results["prompts"]["used_lib"] = len(lib_prompts)
             if "greedy" in cfg.modes and results["lib"]["greedy_equals_plain_frac"] < 1.0:

@@ -237,6 +237,7 @@ def extract(cfg: Any, vcfg: Any, out_dir: str | Path, gen_dir: str | Path | None
         "offline_bytes": tot["tokens"] * bytes_per_token(H, cfg.dtype, len(aux)),  # what storing them would take
         "samples": tot["samples"],
         "tokens": tot["tokens"],
+        "longest_sample_tokens": tot["longest_sample_tokens"],  # what a training row must hold (train.packed_row_tokens)
         "loss_tokens": tot["loss_tokens"],
         "bytes": tot["bytes"],
         "bytes_per_token": round(tot["bytes"] / max(1, tot["tokens"]), 1),

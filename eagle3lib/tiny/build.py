@@ -50,6 +50,8 @@ def tiny_verifier_path(recipe: TinyRecipe | None = None, *, build: bool = True, 
             shutil.rmtree(tmp, ignore_errors=True)
             if shipped_key(recipe) == out.name and os.environ.get("EAGLE3_TINY_BUILD") != "1":
                 shutil.copytree(shipped_dir(recipe), tmp)
+            elif hasattr(recipe, "build"):  # a recipe that starts from another verifier (eagle3lib/tiny/long.py)
+                recipe.build(tmp, progress=progress)
             else:
                 build_tiny_verifier(recipe, tmp, progress=progress)
             os.replace(tmp, out)  # atomic: a half-built model is never visible under its key

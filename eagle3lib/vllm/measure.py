@@ -11,6 +11,7 @@ the same passes, so both throughputs include the same drain at each category bou
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -18,6 +19,7 @@ from typing import Any
 import httpx
 
 from eagle3lib.core.progress import progress_bar
+from eagle3lib.data.context_buckets import bucket_of
 from eagle3lib.vllm.endpoint import Endpoint, http_client
 from eagle3lib.vllm.spec_metrics import MetricsError, SpecCounters, fetch_counters
 
@@ -69,20 +71,50 @@ def warmup(endpoint: Endpoint, prompts: list[EvalPrompt], n: int, max_tokens: in
             _complete(http, endpoint, completion_payload(endpoint.model, p, max_tokens, temperature), p.id)
 
 
+def _group_row(sel: list[EvalPrompt], replies: list[dict[str, Any]], dt: float,
+               delta: SpecCounters | None) -> dict[str, Any]:
+    toks = sum(r["completion_tokens"] for r in replies)
+    row: dict[str, Any] = {"prompts": len(sel), "seconds": dt, "output_tokens": toks,
+                           "tokens_per_s": toks / dt if dt > 0 else None}
+    if delta is not None:
+        row.update(delta.summary())
+        # requests and prompt tokens the counters saw beyond this group's own: another client's
+        row["other_requests"] = int(delta.requests) - len(sel)
+        row["other_prompt_tokens"] = int(delta.prompt_tokens) - sum(len(p.token_ids) for p in sel)
+    return row
+
+
+def _pooled(rows: list[tuple[dict[str, Any], SpecCounters | None]]) -> dict[str, Any]:
+    """Groups' rows pooled: counts and seconds add, so do the counters' deltas (tau is recomputed from the sum)."""
+    row: dict[str, Any] = {k: sum(r[k] for r, _ in rows) for k in ("prompts", "seconds", "output_tokens")}
+    row["tokens_per_s"] = row["output_tokens"] / row["seconds"] if row["seconds"] > 0 else None
+    deltas = [d for _, d in rows if d is not None]
+    if deltas:
+        total = deltas[0]
+        for d in deltas[1:]:
+            total = total + d
+        row.update(total.summary())
+        for k in ("other_requests", "other_prompt_tokens"):
+            row[k] = sum(r[k] for r, _ in rows)
+    return row
+
+
 def run_pass(endpoint: Endpoint, prompts: list[EvalPrompt], *, temperature: float, max_tokens: int, concurrency: int,
              request_timeout_s: float, connect_timeout_s: float, counters: bool, label: str = "",
-             progress: bool = True) -> dict[str, Any]:
-    """Every prompt once, category by category. Returns totals, per-category counters (when `counters`) and outputs."""
-    cats = sorted({p.category for p in prompts})
+             progress: bool = True, bucket: Callable[[EvalPrompt], str] | None = None) -> dict[str, Any]:
+    """Every prompt once, group by group: a group is a category, or with `bucket` a (category, context bucket) pair.
+    Returns totals, per-category rows (and per bucket: "context_buckets") with the counters' deltas when `counters`,
+    and the outputs."""
+    groups = sorted({(p.category, bucket(p) if bucket else "") for p in prompts})
     out: dict[str, Any] = {"temperature": temperature, "seconds": 0.0, "output_tokens": 0, "requests": 0,
                            "categories": {}, "outputs": {}}
-    total = SpecCounters()
+    rows: list[tuple[tuple[str, str], dict[str, Any], SpecCounters | None]] = []
     headers = endpoint.headers()
     bar = progress_bar(total=len(prompts), desc=label or "vllm", unit="request", mininterval=5.0, disable=not progress)
     with http_client(endpoint, concurrency, request_timeout_s, connect_timeout_s) as http, \
             ThreadPoolExecutor(concurrency) as pool:
-        for cat in cats:
-            sel = [p for p in prompts if p.category == cat]
+        for cat, b in groups:
+            sel = [p for p in prompts if p.category == cat and (bucket(p) if bucket else "") == b]
             before = fetch_counters(endpoint.base_url, headers) if counters else None
             t0 = time.perf_counter()
             futures = [pool.submit(_complete, http, endpoint, completion_payload(endpoint.model, p, max_tokens,
@@ -92,33 +124,37 @@ def run_pass(endpoint: Endpoint, prompts: list[EvalPrompt], *, temperature: floa
                 replies.append(f.result())
                 bar.update(1)
             dt = time.perf_counter() - t0
-            toks = sum(r["completion_tokens"] for r in replies)
-            row: dict[str, Any] = {"prompts": len(sel), "seconds": dt, "output_tokens": toks,
-                                   "tokens_per_s": toks / dt if dt > 0 else None}
-            if counters:
-                delta = fetch_counters(endpoint.base_url, headers) - before
-                total = total + delta
-                row.update(delta.summary())
-                # requests and prompt tokens the counters saw beyond this category's own: another client's
-                row["other_requests"] = int(delta.requests) - len(sel)
-                row["other_prompt_tokens"] = int(delta.prompt_tokens) - sum(len(p.token_ids) for p in sel)
-            out["categories"][cat] = row
-            out["seconds"] += dt
-            out["output_tokens"] += toks
-            out["requests"] += len(sel)
+            delta = fetch_counters(endpoint.base_url, headers) - before if counters else None
+            rows.append(((cat, b), _group_row(sel, replies, dt, delta), delta))
             out["outputs"].update({r["id"]: r["token_ids"] for r in replies})
     bar.close()
-    out["tokens_per_s"] = out["output_tokens"] / out["seconds"] if out["seconds"] > 0 else None
+    total = _pooled([(r, d) for _, r, d in rows])
+    for key in ("seconds", "output_tokens", "tokens_per_s"):
+        out[key] = total[key]
+    out["requests"] = total["prompts"]
+    out["categories"] = {c: _pooled([(r, d) for (c_, _), r, d in rows if c_ == c]) for c in sorted({g[0] for g in groups})}
+    if bucket:
+        out["context_buckets"] = {b: _pooled([(r, d) for (_, b_), r, d in rows if b_ == b])
+                                  for b in sorted({g[1] for g in groups}, key=lambda b: min(
+                                      len(p.token_ids) for p in prompts if bucket(p) == b))}
     if counters:
-        out.update(total.summary())
-        other = {k: sum(max(0, r[k]) for r in out["categories"].values()) for k in ("other_requests",
-                                                                                   "other_prompt_tokens")}
+        out.update({k: v for k, v in total.items() if k not in ("prompts", "seconds", "output_tokens", "tokens_per_s",
+                                                                "other_requests", "other_prompt_tokens")})
+        other = {k: sum(max(0, r[k]) for _, r, _ in rows) for k in ("other_requests", "other_prompt_tokens")}
         if any(other.values()):  # the counters are shared with someone else's decoding: no tau from them
             out["other_traffic"] = other
-            for row in (out, *out["categories"].values()):
+            for row in (out, *out["categories"].values(), *(out.get("context_buckets") or {}).values()):
                 row["tau"] = None
                 row["accept_rate_pos"] = [None] * len(row.get("accept_rate_pos") or [])
     return out
+
+
+def prompt_bucket(cfg) -> Callable[[EvalPrompt], str] | None:
+    """evaluate.context_buckets as a prompt's group: the bucket of its prompt length (None: no buckets)."""
+    edges = getattr(cfg, "context_buckets", None)
+    if not edges:
+        return None
+    return lambda p: bucket_of(len(p.token_ids), edges)
 
 
 def measure_vllm(cfg, ep, prompts: list[EvalPrompt], k: int, which: str, key: str) -> dict[str, Any]:
@@ -138,5 +174,6 @@ def measure_vllm(cfg, ep, prompts: list[EvalPrompt], k: int, which: str, key: st
         warmup(ep, prompts, cfg.warmup_requests, min(16, cfg.max_tokens), t, cfg.request_timeout_s)
         out[mode] = run_pass(ep, prompts, temperature=t, max_tokens=cfg.max_tokens, concurrency=cfg.concurrency,
                              request_timeout_s=cfg.request_timeout_s, connect_timeout_s=cfg.connect_timeout_s,
-                             counters=which == "spec", label=f"vllm {which} {mode}", progress=cfg.progress)
+                             counters=which == "spec", label=f"vllm {which} {mode}", progress=cfg.progress,
+                             bucket=prompt_bucket(cfg))
     return out
