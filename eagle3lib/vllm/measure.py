@@ -90,10 +90,7 @@ def _pooled(rows: list[tuple[dict[str, Any], SpecCounters | None]]) -> dict[str,
     row["tokens_per_s"] = row["output_tokens"] / row["seconds"] if row["seconds"] > 0 else None
     deltas = [d for _, d in rows if d is not None]
     if deltas:
-        total = deltas[0]
-        for d in deltas[1:]:
-            total = total + d
-        row.update(total.summary())
+        row.update(sum(deltas[1:], deltas[0]).summary())
         for k in ("other_requests", "other_prompt_tokens"):
             row[k] = sum(r[k] for r, _ in rows)
     return row
@@ -105,7 +102,8 @@ def run_pass(endpoint: Endpoint, prompts: list[EvalPrompt], *, temperature: floa
     """Every prompt once, group by group: a group is a category, or with `bucket` a (category, context bucket) pair.
     Returns totals, per-category rows (and per bucket: "context_buckets") with the counters' deltas when `counters`,
     and the outputs."""
-    groups = sorted({(p.category, bucket(p) if bucket else "") for p in prompts})
+    group = [(p.category, bucket(p) if bucket else "") for p in prompts]  # each prompt's, by position
+    groups = sorted(set(group))
     out: dict[str, Any] = {"temperature": temperature, "seconds": 0.0, "output_tokens": 0, "requests": 0,
                            "categories": {}, "outputs": {}}
     rows: list[tuple[tuple[str, str], dict[str, Any], SpecCounters | None]] = []
@@ -114,7 +112,7 @@ def run_pass(endpoint: Endpoint, prompts: list[EvalPrompt], *, temperature: floa
     with http_client(endpoint, concurrency, request_timeout_s, connect_timeout_s) as http, \
             ThreadPoolExecutor(concurrency) as pool:
         for cat, b in groups:
-            sel = [p for p in prompts if p.category == cat and (bucket(p) if bucket else "") == b]
+            sel = [p for p, g in zip(prompts, group, strict=True) if g == (cat, b)]
             before = fetch_counters(endpoint.base_url, headers) if counters else None
             t0 = time.perf_counter()
             futures = [pool.submit(_complete, http, endpoint, completion_payload(endpoint.model, p, max_tokens,
@@ -134,9 +132,8 @@ def run_pass(endpoint: Endpoint, prompts: list[EvalPrompt], *, temperature: floa
     out["requests"] = total["prompts"]
     out["categories"] = {c: _pooled([(r, d) for (c_, _), r, d in rows if c_ == c]) for c in sorted({g[0] for g in groups})}
     if bucket:
-        out["context_buckets"] = {b: _pooled([(r, d) for (_, b_), r, d in rows if b_ == b])
-                                  for b in sorted({g[1] for g in groups}, key=lambda b: min(
-                                      len(p.token_ids) for p in prompts if bucket(p) == b))}
+        by_length = dict.fromkeys(g[1] for _, g in sorted(zip((len(p.token_ids) for p in prompts), group, strict=True)))
+        out["context_buckets"] = {b: _pooled([(r, d) for (_, b_), r, d in rows if b_ == b]) for b in by_length}
     if counters:
         out.update({k: v for k, v in total.items() if k not in ("prompts", "seconds", "output_tokens", "tokens_per_s",
                                                                 "other_requests", "other_prompt_tokens")})
