@@ -9,6 +9,24 @@ from pydantic import Field, model_validator
 from eagle3lib.config.base import StageConfig
 
 
+def check_schedule(schedule: list[tuple[int, int, int]], key: str) -> None:
+    """vLLM's rules for num_speculative_tokens_per_batch_size (vllm/v1/spec_decode/dynamic/utils.py), checked before a
+    server is started: non-empty, ranges sorted, positive, not overlapping, the first from batch size 1, K >= 0, one K
+    above 0."""
+    if not schedule:
+        raise ValueError(f"{key}: at least one (first batch size, last batch size, K) range")
+    prev = 0
+    for i, (lo, hi, k) in enumerate(schedule):
+        if i == 0 and lo != 1:
+            raise ValueError(f"{key}[0]: the first range starts at batch size 1, got {lo}")
+        if not prev < lo <= hi or k < 0:
+            raise ValueError(f"{key}[{i}] = ({lo}, {hi}, {k}): ranges increase without overlap (after {prev}), "
+                             "first <= last, K >= 0")
+        prev = hi
+    if all(k == 0 for *_, k in schedule):
+        raise ValueError(f"{key}: every K is 0: nothing to draft")
+
+
 class EvaluateConfig(StageConfig):
     # --- what is evaluated
     checkpoint: str | None = None  # None or "best" = this run's train/best/ (best validation acceptance) when it is
@@ -46,6 +64,13 @@ class EvaluateConfig(StageConfig):
     ttt_steps_sweep: list[int] = []  # also measure greedy tau, acceptance per position and tokens/s at each of these K
     # through vLLM, one speculative server each (the main K reuses the main greedy pass: a server start fewer), and recommend
     # a K: measured here, and from a GPU cost model (eagle3lib/evaluation/k_sweep.py); [] = no sweep
+    concurrency_sweep: list[int] = []  # also measure greedy tokens/s and time per output token at each of these
+    # concurrencies, with the verifier alone and at each K of ttt_steps_sweep (or the main K), one server per K reused
+    # across them; then the K per batch size that was fastest, served as vLLM's num_speculative_tokens_per_batch_size
+    # and measured against every fixed K (eagle3lib/evaluation/concurrency_grid.py); [] = none
+    ttt_steps_schedule: list[tuple[int, int, int]] | None = None  # with concurrency_sweep: serve and measure this
+    # schedule, vLLM's (first batch size, last batch size, K) ranges (e.g. the one deployed today), instead of the one
+    # derived from the grid (still reported); None = the derived one
     context_buckets: list[int] = []  # context-length edges in tokens, e.g. [4096, 8192]: tau also per bucket ("<4K",
     # "4K-8K", ">=8K"): the library per round (prompt + tokens generated so far), vLLM per prompt-length group
     # (eagle3lib/data/context_buckets.py); [] = none
@@ -66,6 +91,15 @@ class EvaluateConfig(StageConfig):
         if self.ttt_steps_sweep and not (self.vllm and "greedy" in self.modes):
             raise ValueError("evaluate.ttt_steps_sweep measures greedy decoding through vLLM: it needs evaluate.vllm "
                              "true and greedy in evaluate.modes")
+        if self.concurrency_sweep and not (self.vllm and "greedy" in self.modes):
+            raise ValueError("evaluate.concurrency_sweep measures greedy decoding through vLLM: it needs evaluate.vllm "
+                             "true and greedy in evaluate.modes")
+        if self.concurrency_sweep != sorted(set(self.concurrency_sweep)) or any(c < 1 for c in self.concurrency_sweep):
+            raise ValueError(f"evaluate.concurrency_sweep: increasing concurrencies >= 1, got {self.concurrency_sweep}")
+        if self.ttt_steps_schedule is not None:
+            if not self.concurrency_sweep:
+                raise ValueError("evaluate.ttt_steps_schedule is measured over evaluate.concurrency_sweep: set both")
+            check_schedule(self.ttt_steps_schedule, "evaluate.ttt_steps_schedule")
         if self.context_buckets != sorted(set(self.context_buckets)) or any(e < 1 for e in self.context_buckets):
             raise ValueError(f"evaluate.context_buckets: increasing token counts >= 1, got {self.context_buckets}")
         if any(k < 1 for k in self.ttt_steps_sweep):

@@ -72,12 +72,17 @@ def recommend(rows: list[dict[str, Any]]) -> dict[str, int | None]:
 
 def k_sweep(cfg, vcfg, model_path: str, ckpt: Path, prompts, out_dir: Path, vkey: dict[str, Any],
             base_tokens_per_s: float | None, verifier_active_params: float | None,
-            main: tuple[int, dict[str, Any]] | None = None) -> dict[str, Any]:
+            main: tuple[int, dict[str, Any]] | None = None, measured: dict[int, dict[str, Any]] | None = None
+            ) -> dict[str, Any]:
     """Every K of evaluate.ttt_steps_sweep measured on its own server, except the main measurement's K (`main`: its K
     and its greedy pass, same drafter, prompts and settings), which is reused: a server start fewer, minutes for a
-    large verifier. Returns the rows, the cost ratio and both recommendations."""
-    measured = {}
+    large verifier. `measured`: the passes already made per K (the concurrency grid's at evaluate.concurrency), used
+    instead of any server. Returns the rows, the cost ratio and both recommendations."""
+    given = measured is not None
+    measured = dict(measured or {})
     for k in sorted(set(cfg.ttt_steps_sweep)):
+        if k in measured:
+            continue
         if main is not None and k == main[0]:
             measured[k] = main[1]
             continue
@@ -88,4 +93,5 @@ def k_sweep(cfg, vcfg, model_path: str, ckpt: Path, prompts, out_dir: Path, vkey
     rows = sweep_rows(measured, base_tokens_per_s, ratio)
     return {"rows": rows, "drafter_parameters": n_draft, "verifier_active_params": verifier_active_params,
             "cost_ratio": ratio, "reused_main_k": main[0] if main is not None and main[0] in measured else None,
+            "from_concurrency_grid": given,
             **recommend(rows)}

@@ -23,6 +23,7 @@ from typing import Any
 
 from eagle3lib.core.atomic import write_json_atomic
 from eagle3lib.core.manifest import StageTimer, now_iso, update_manifest
+from eagle3lib.evaluation.concurrency_grid import concurrency_grid, grid_figures, sweep_measurements
 from eagle3lib.evaluation.drafters import checked_drafters, compare_drafters
 from eagle3lib.evaluation.inputs import (
     EvaluateError,
@@ -221,18 +222,30 @@ def _run(ctx, cfg, vcfg, timer) -> dict[str, Any]:
                 own_estimate = ((train_m or {}).get("figures") or {}).get("val_tau_est")
                 results["drafters"] = compare_drafters(cfg, vcfg, model_path, others, prompts, k, out_dir, vkey,
                                                        (f"this run ({ckpt.name})", v["greedy"], own_estimate))
+            measured = None
+            if cfg.concurrency_sweep:
+                servers.close_all()  # each K's server measures alone
+                t0 = time.time()
+                grid = concurrency_grid(cfg, vcfg, model_path, ckpt, prompts, k, out_dir, vkey,
+                                        {w: servers.url(w)[0] for w in ("base", "spec")})
+                results["concurrency_grid"] = grid
+                results["phases"]["concurrency_grid"] = {"seconds": round(time.time() - t0, 1)}
+                measured = sweep_measurements(grid, cfg.concurrency)  # the K sweep's rows, when the grid has them
             if cfg.ttt_steps_sweep:
                 servers.close_all()  # each K's server measures alone
                 t0 = time.time()
                 base_tps = ((v.get("base") or {}).get("greedy") or {}).get("tokens_per_s")
                 main = (k, v["greedy"]) if "greedy" in cfg.modes and v["greedy"].get("tau") is not None else None
+                if measured is not None:
+                    main, base_tps = None, measured.pop(0)["tokens_per_s"]
                 results["k_sweep"] = k_sweep(cfg, vcfg, model_path, ckpt, prompts, out_dir, vkey, base_tps,
-                                             ctx.profile.section("cost_projection").verifier_active_params, main)
+                                             ctx.profile.section("cost_projection").verifier_active_params, main,
+                                             measured)
                 results["phases"]["k_sweep"] = {"seconds": round(time.time() - t0, 1)}
     finally:
         servers.close_all()
     results["table"] = comparison_rows(results)
-    figures = build_figures(results)
+    figures = {**build_figures(results), **grid_figures(results.get("concurrency_grid"))}
     notes.extend(disagreements(figures, results, cfg))
     figures["warnings"] = len(notes)
     figures["wall_s"] = round(time.time() - t_start, 1)

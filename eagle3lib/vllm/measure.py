@@ -49,6 +49,7 @@ def completion_payload(model: str, prompt: EvalPrompt, max_tokens: int, temperat
 
 
 def _complete(http: httpx.Client, endpoint: Endpoint, payload: dict[str, Any], pid: str) -> dict[str, Any]:
+    t0 = time.perf_counter()
     try:
         r = http.post("/v1/completions", json=payload)
     except httpx.HTTPError as e:
@@ -59,7 +60,8 @@ def _complete(http: httpx.Client, endpoint: Endpoint, payload: dict[str, Any], p
     body = r.json()
     choice = body["choices"][0]
     return {"id": pid, "token_ids": choice.get("token_ids"), "finish_reason": choice.get("finish_reason"),
-            "completion_tokens": int((body.get("usage") or {}).get("completion_tokens") or 0)}
+            "completion_tokens": int((body.get("usage") or {}).get("completion_tokens") or 0),
+            "latency_s": time.perf_counter() - t0}
 
 
 def warmup(endpoint: Endpoint, prompts: list[EvalPrompt], n: int, max_tokens: int, temperature: float,
@@ -75,7 +77,9 @@ def _group_row(sel: list[EvalPrompt], replies: list[dict[str, Any]], dt: float,
                delta: SpecCounters | None) -> dict[str, Any]:
     toks = sum(r["completion_tokens"] for r in replies)
     row: dict[str, Any] = {"prompts": len(sel), "seconds": dt, "output_tokens": toks,
-                           "tokens_per_s": toks / dt if dt > 0 else None}
+                           "tokens_per_s": toks / dt if dt > 0 else None,
+                           "request_seconds": sum(r["latency_s"] for r in replies)}
+    row["tpot_ms"] = _tpot_ms(row)
     if delta is not None:
         row.update(delta.summary())
         # requests and prompt tokens the counters saw beyond this group's own: another client's
@@ -84,10 +88,18 @@ def _group_row(sel: list[EvalPrompt], replies: list[dict[str, Any]], dt: float,
     return row
 
 
+def _tpot_ms(row: dict[str, Any]) -> float | None:
+    """Time per output token as a user of one request sees it: the requests' wall time over their tokens (token
+    weighted, so groups pool by adding), in ms. Throughput is the server's view, this one the client's."""
+    return 1000.0 * row["request_seconds"] / row["output_tokens"] if row["output_tokens"] else None
+
+
 def _pooled(rows: list[tuple[dict[str, Any], SpecCounters | None]]) -> dict[str, Any]:
     """Groups' rows pooled: counts and seconds add, so do the counters' deltas (tau is recomputed from the sum)."""
-    row: dict[str, Any] = {k: sum(r[k] for r, _ in rows) for k in ("prompts", "seconds", "output_tokens")}
+    row: dict[str, Any] = {k: sum(r[k] for r, _ in rows) for k in ("prompts", "seconds", "output_tokens",
+                                                                   "request_seconds")}
     row["tokens_per_s"] = row["output_tokens"] / row["seconds"] if row["seconds"] > 0 else None
+    row["tpot_ms"] = _tpot_ms(row)
     deltas = [d for _, d in rows if d is not None]
     if deltas:
         row.update(sum(deltas[1:], deltas[0]).summary())
@@ -127,7 +139,7 @@ def run_pass(endpoint: Endpoint, prompts: list[EvalPrompt], *, temperature: floa
             out["outputs"].update({r["id"]: r["token_ids"] for r in replies})
     bar.close()
     total = _pooled([(r, d) for _, r, d in rows])
-    for key in ("seconds", "output_tokens", "tokens_per_s"):
+    for key in ("seconds", "output_tokens", "tokens_per_s", "tpot_ms"):
         out[key] = total[key]
     out["requests"] = total["prompts"]
     out["categories"] = {c: _pooled([(r, d) for (c_, _), r, d in rows if c_ == c]) for c in sorted({g[0] for g in groups})}
@@ -136,7 +148,8 @@ def run_pass(endpoint: Endpoint, prompts: list[EvalPrompt], *, temperature: floa
         out["context_buckets"] = {b: _pooled([(r, d) for (_, b_), r, d in rows if b_ == b]) for b in by_length}
     if counters:
         out.update({k: v for k, v in total.items() if k not in ("prompts", "seconds", "output_tokens", "tokens_per_s",
-                                                                "other_requests", "other_prompt_tokens")})
+                                                                "request_seconds", "tpot_ms", "other_requests",
+                                                                "other_prompt_tokens")})
         other = {k: sum(max(0, r[k]) for _, r, _ in rows) for k in ("other_requests", "other_prompt_tokens")}
         if any(other.values()):  # the counters are shared with someone else's decoding: no tau from them
             out["other_traffic"] = other
