@@ -149,7 +149,7 @@ def main() -> None:
 
 
 def shape_of(c: dict):
-    from eagle3lib.training.memory_model import DrafterShape
+    from eagle3lib.model.drafter_shape import DrafterShape
 
     return DrafterShape(hidden=c["hidden_size"], intermediate=c["intermediate_size"], heads=c["num_attention_heads"],
                         kv_heads=c["num_key_value_heads"], qk_dim=c["head_dim"], v_dim=c["head_dim"],

@@ -14,9 +14,9 @@ from eagle3lib.evaluation.concurrency_grid import (
     grid_prompts,
     grid_rows,
     schedule_comparison,
-    schedule_from_grid,
     serve_command,
 )
+from eagle3lib.vllm.k_schedule import schedule_ranges
 from eagle3lib.vllm.measure import EvalPrompt
 
 
@@ -33,7 +33,7 @@ def test_schedule_is_the_fastest_k_per_concurrency_as_vllm_ranges():
                   (3, 4): 38, (0, 8): 60, (1, 8): 55, (3, 8): 45, (0, 16): 90, (1, 16): 70, (3, 16): 50})
     best = best_k_per_concurrency(rows)
     assert best == {1: 3, 2: 3, 4: 1, 8: 0, 16: 0}
-    sched = schedule_from_grid(best)
+    sched = schedule_ranges(best)
     assert sched == [[1, 2, 3], [3, 4, 1], [5, 16, 0]]  # neighbours with one K merged; the first range starts at 1
     speed = {r["concurrency"]: r["speedup"] for r in rows if r["ttt_steps"] == 3}
     assert speed[1] == pytest.approx(1.8) and speed[16] == pytest.approx(50 / 90)
@@ -87,7 +87,7 @@ def test_stage_measures_the_grid_and_vllm_follows_a_schedule(spec_server, vllm_s
     assert all(row["tau"] > 1.3 for row in grid["rows"] if row["ttt_steps"] == 3)  # the drafter is accepted
     best = best_k_per_concurrency(grid["rows"])  # the grid's own schedule follows its measured rows
     assert {int(c): k for c, k in grid["best_k"].items()} == best and grid["derived_schedule"] == (
-        schedule_from_grid(best) if any(best.values()) else None)
+        schedule_ranges(best) if any(best.values()) else None)
     assert grid["schedule_source"] == "evaluate.ttt_steps_schedule"
     per = {row["concurrency"]: row for row in grid["per_concurrency"]}
     assert per[1]["drafted_per_round"] == 0.0 and per[1]["tau"] is None  # K = 0 at batch 1: the verifier alone

@@ -18,7 +18,8 @@ def manifest(run, stage):
 def test_tiny_pipeline_end_to_end(tiny_run):
     """The session's tiny run (tests/conftest.py: every stage through the runner, then data_scaling)."""
     run = tiny_run.check()
-    stages = ["verifier", "generate", "extract", "train", "evaluate", "learning_curves", "cost_projection", "compare_runs"]
+    stages = ["verifier", "generate", "extract", "train", "evaluate", "learning_curves", "cost_projection", "compare_runs",
+              "deployment"]
     for stage in stages:
         m = manifest(run, stage)
         assert m["status"] == "complete", (stage, m.get("error"))
@@ -32,7 +33,8 @@ def test_tiny_pipeline_end_to_end(tiny_run):
     for stage in stages:  # each declared headline names figures the stage really writes (a renamed figure shows here)
         figs = manifest(run, stage)["figures"]
         unmatched = [p for p in get_stage(stage).headline if not fnmatch.filter(figs, p)]
-        assert set(unmatched) <= {"k_best_gpu_model"}, (stage, unmatched)  # that one only with a K sweep
+        # only with a K sweep / a concurrency grid
+        assert set(unmatched) <= {"k_best_gpu_model", "cpu_model_over_measured_median"}, (stage, unmatched)
     from eagle3lib.core.paths import REPO_ROOT
 
     assert str(run) not in index and str(REPO_ROOT) not in index  # figures such as server_model shown relative
@@ -105,6 +107,10 @@ def test_tiny_pipeline_end_to_end(tiny_run):
     assert cp["extract_measured_tokens_per_s"] == pytest.approx(x["tokens_per_s"], rel=1e-3)
     cr = manifest(run, "compare_runs")["figures"]
     assert cr["runs"] >= 1 and cr[f"{run.name}.tau_vllm_greedy"] == e["tau_vllm_greedy"]  # this run first, by its folder name
+    dep = json.loads((run / "deployment" / "results.json").read_text())  # planned with this run's measured acceptance
+    greedy = json.loads((run / "evaluate" / "results.json").read_text())["vllm"]["greedy"]
+    assert dep["inputs"]["acceptance_per_position"] == greedy["accept_rate_pos"]
+    assert dep["inputs"]["drafter_source"] == "the trained drafter" and len(dep["schedules"]) == 4
 
     # data scaling (the run's second command): 1/4 and 1/2 trained with the same 24 steps, the 1/2 drafter measured
     # by its own vLLM server, the whole data's point taken from the evaluate stage

@@ -30,6 +30,7 @@ SECTIONS: dict[str, str] = {
     "learning_curves": "eagle3lib.config.analysis:LearningCurvesConfig",
     "cost_projection": "eagle3lib.config.analysis:CostProjectionConfig",
     "compare_runs": "eagle3lib.config.analysis:CompareRunsConfig",
+    "deployment": "eagle3lib.config.deployment:DeploymentConfig",
 }
 TOP_LEVEL_TEXT = {"description"}  # free text allowed at the top of a profile
 # Keys that were renamed: a profile or --set using the old name gets an error naming the new one.

@@ -60,6 +60,10 @@ STAGES: tuple[Stage, ...] = (
           headline=("samples", "*.total_usd", "*.total_hours", "total_disk_gb")),
     Stage("compare_runs", "compare_runs.ipynb", "compare_runs", "Compare runs side by side", always_run=True,
           needs="train/manifest.json", make="--stages generate,extract,train", headline=("runs", "*.tau_vllm_greedy")),
+    Stage("deployment", "deployment.ipynb", "deployment", "Deployment: which K at which concurrency (a GPU model)",
+          always_run=True, needs="evaluate/results.json", make="--stages generate,extract,train,evaluate",
+          headline=("*.stops_paying_at", "*.best_k_c1", "*.speedup_c1", "cpu_model_over_measured_median",
+                    "published_model_over_measured_median")),
 )
 RUNS_ENV = "EAGLE3LIB_RUNS_DIR"  # where notebooks opened without a run_dir look for runs (default: REPO_ROOT/runs)
 FIXTURES = REPO_ROOT / "tests" / "fixtures" / "analysis"
@@ -69,6 +73,8 @@ FIXTURE_OVERRIDES = {
                                                     str(FIXTURES / "run_b/train/metrics.jsonl")]},
     "cost_projection": {"cost_projection.manifests_run_dir": str(FIXTURES / "manifests")},
     "compare_runs": {"compare_runs.runs": [str(FIXTURES / "manifests")]},
+    # no run yet: the fixtures' evaluate results (a small concurrency grid measured on the demo's drafter)
+    "deployment": {"deployment.results_run_dir": str(FIXTURES / "deployment")},
 }
 STAGE_BY_NAME = {s.name: s for s in STAGES}
 

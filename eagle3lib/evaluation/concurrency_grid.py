@@ -26,6 +26,7 @@ from typing import Any
 from eagle3lib.evaluation.phases import load_phase, save_phase
 from eagle3lib.evaluation.results import same_frac
 from eagle3lib.vllm.endpoint import verifier_endpoint
+from eagle3lib.vllm.k_schedule import schedule_ranges
 from eagle3lib.vllm.measure import run_pass, warmup
 from eagle3lib.vllm.server import server_for_verifier
 
@@ -81,21 +82,6 @@ def _phase(cfg, vcfg, model_path, out_dir, prompts, name: str, key: dict[str, An
         rows = measure_row_set(cfg, ep, prompts, sorted(cfg.concurrency_sweep), spec is not None, name)
     save_phase(out_dir, name, key, {str(c): row for c, row in rows.items()})
     return rows
-
-
-def schedule_from_grid(best_k: dict[int, int]) -> list[list[int]]:
-    """The K measured best at each concurrency of the grid as vLLM's ranges: each grid point c covers the batch sizes
-    above the previous point up to c (the first from 1; vLLM carries the last K on past the last point); neighbours
-    with the same K merge."""
-    ranges: list[list[int]] = []
-    lo = 1
-    for c in sorted(best_k):
-        if ranges and ranges[-1][2] == best_k[c]:
-            ranges[-1][1] = c
-        else:
-            ranges.append([lo, c, best_k[c]])
-        lo = c + 1
-    return ranges
 
 
 def serve_command(model: str, ckpt: Path, schedule: list[list[int]]) -> str:
@@ -187,7 +173,7 @@ def concurrency_grid(cfg, vcfg, model_path: str, ckpt: Path, prompts, k_main: in
     best = best_k_per_concurrency(rows)
     out: dict[str, Any] = {"ks": ks, "concurrencies": sorted(cfg.concurrency_sweep), "rows": rows,
                            "best_k": {str(c): k for c, k in sorted(best.items())}, "schedule": None}
-    derived = None if all(k == 0 for k in best.values()) else schedule_from_grid(best)
+    derived = None if all(k == 0 for k in best.values()) else schedule_ranges(best)
     out["derived_schedule"] = derived
     sched = [list(r) for r in cfg.ttt_steps_schedule] if cfg.ttt_steps_schedule else derived
     if sched is None:

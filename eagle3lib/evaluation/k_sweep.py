@@ -5,48 +5,24 @@ server), on the evaluation's prompts, beside the verifier alone; the K of the ma
 Two recommendations, kept apart because one machine cannot show the other's economics:
   measured here   the K with the highest measured tokens/s over the verifier alone (on 2 CPU cores a drafter step
                   costs about as much as a verifier step, so this is rarely what a GPU wants);
-  GPU model       speedup(K) = tau(K) / (1 + K c), where c = drafter FLOPs per drafted token / verifier FLOPs per
-                  token (2 x parameters each: the drafter's fc, layer and lm_head without the frozen embedding; the
-                  verifier's active parameters, cost_projection.verifier_active_params). It assumes a memory-bound
-                  decode, where verifying K + 1 tokens costs one verifier step, and counts each drafted token as one
-                  drafter forward: an estimate to plan with, labelled as such, never a measurement.
+  GPU model       speedup(K) from eagle3lib/model/decode_time.py (a MODEL: bytes and FLOPs of the verifier checking
+                  K + 1 tokens per request, MoE experts counted, and of the drafter's K forwards, fc once per round)
+                  with the measured tau(K), on the deployment section's first hardware row at evaluate.concurrency:
+                  an estimate to plan with, labelled as such, never a measurement. The deployment stage draws it over
+                  every concurrency and hardware row.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from eagle3lib.evaluation.spec_pass import measure_spec
 
 
-def drafter_parameters(ckpt: Path) -> int:
-    """Parameters a drafted token runs through: every tensor of the checkpoint but the (frozen, shared) embedding and
-    the vocabulary maps."""
-    from safetensors import safe_open
-
-    n = 0
-    for f in sorted(Path(ckpt).glob("*.safetensors")):
-        with safe_open(str(f), framework="pt") as sf:
-            for name in sf.keys():  # noqa: SIM118
-                if not name.endswith(("embed_tokens.weight", "d2t", "t2d")):
-                    shape = sf.get_slice(name).get_shape()
-                    size = 1
-                    for d in shape:
-                        size *= int(d)
-                    n += size
-    return n
-
-
-def gpu_speedup(tau: float | None, k: int, cost_ratio: float | None) -> float | None:
-    """The modelled GPU speedup of drafting k tokens per step (module docstring)."""
-    if tau is None or cost_ratio is None:
-        return None
-    return tau / (1.0 + k * cost_ratio)
-
-
-def sweep_rows(measured: dict[int, dict[str, Any]], base_tokens_per_s: float | None, cost_ratio: float | None
-               ) -> list[dict[str, Any]]:
+def sweep_rows(measured: dict[int, dict[str, Any]], base_tokens_per_s: float | None,
+               gpu_model: Callable[[int, float], float] | None) -> list[dict[str, Any]]:
     """One row per K: tau, acceptance per position, tokens/s, measured speedup here, modelled GPU speedup."""
     rows = []
     for k in sorted(measured):
@@ -54,7 +30,7 @@ def sweep_rows(measured: dict[int, dict[str, Any]], base_tokens_per_s: float | N
         tps = r.get("tokens_per_s")
         row = {"ttt_steps": k, "tau": r.get("tau"), "tokens_per_s": tps,
                "speedup_here": tps / base_tokens_per_s if tps and base_tokens_per_s else None,
-               "gpu_speedup_model": gpu_speedup(r.get("tau"), k, cost_ratio)}
+               "gpu_speedup_model": gpu_model(k, r["tau"]) if gpu_model and r.get("tau") else None}
         for i, rate in enumerate(r.get("accept_rate_pos") or [], 1):
             row[f"accept_rate_pos_{i}"] = rate
         rows.append(row)
@@ -71,13 +47,14 @@ def recommend(rows: list[dict[str, Any]]) -> dict[str, int | None]:
 
 
 def k_sweep(cfg, vcfg, model_path: str, ckpt: Path, prompts, out_dir: Path, vkey: dict[str, Any],
-            base_tokens_per_s: float | None, verifier_active_params: float | None,
+            base_tokens_per_s: float | None, gpu_model: tuple[Callable[[int, float], float], str] | None,
             main: tuple[int, dict[str, Any]] | None = None, measured: dict[int, dict[str, Any]] | None = None
             ) -> dict[str, Any]:
     """Every K of evaluate.ttt_steps_sweep measured on its own server, except the main measurement's K (`main`: its K
     and its greedy pass, same drafter, prompts and settings), which is reused: a server start fewer, minutes for a
     large verifier. `measured`: the passes already made per K (the concurrency grid's at evaluate.concurrency), used
-    instead of any server. Returns the rows, the cost ratio and both recommendations."""
+    instead of any server. `gpu_model`: (speedup of K drafts at tau, what it models), or None. Returns the rows and
+    both recommendations."""
     given = measured is not None
     measured = dict(measured or {})
     for k in sorted(set(cfg.ttt_steps_sweep)):
@@ -88,10 +65,7 @@ def k_sweep(cfg, vcfg, model_path: str, ckpt: Path, prompts, out_dir: Path, vkey
             continue
         measured[k] = measure_spec(cfg, vcfg, model_path, ckpt, prompts, k, out_dir, f"vllm_spec_k{k}",
                                    {**vkey, "which": f"spec_k{k}", "ttt_steps": k})
-    n_draft = drafter_parameters(ckpt)
-    ratio = n_draft / verifier_active_params if verifier_active_params else None
-    rows = sweep_rows(measured, base_tokens_per_s, ratio)
-    return {"rows": rows, "drafter_parameters": n_draft, "verifier_active_params": verifier_active_params,
-            "cost_ratio": ratio, "reused_main_k": main[0] if main is not None and main[0] in measured else None,
+    rows = sweep_rows(measured, base_tokens_per_s, gpu_model[0] if gpu_model else None)
+    return {"rows": rows, "gpu_model": gpu_model[1] if gpu_model else None, "reused_main_k": main[0] if main is not None and main[0] in measured else None,
             "from_concurrency_grid": given,
             **recommend(rows)}

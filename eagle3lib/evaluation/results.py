@@ -140,7 +140,7 @@ def build_figures(results: dict[str, Any]) -> dict[str, Any]:
         f[f"gpu_speedup_model_k{k_}"] = row["gpu_speedup_model"]
     if sweep:
         f.update({"k_best_here": sweep["k_best_here"], "k_best_gpu_model": sweep["k_best_gpu_model"],
-                  "drafter_verifier_flops_ratio": sweep["cost_ratio"]})
+                  "gpu_model": sweep["gpu_model"]})
     f["num_prompts_seen_in_training"] = results["prompts"].get("seen_in_training")
     f["warnings"] = len(results["warnings"])
     return f

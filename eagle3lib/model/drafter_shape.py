@@ -3,6 +3,8 @@ section's choices and the verifier's config where they are left to it."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from eagle3lib.model.drafter import DrafterConfig
 
 
@@ -92,3 +94,34 @@ def drafter_config_from(train_cfg, verifier_cfg, aux_layer_ids: list[int], draft
         drafter_layer=drafter_layer,
         **dims,
     )
+
+
+@dataclass(frozen=True)
+class DrafterShape:
+    """What a training step's memory depends on (one decoder layer, as EAGLE-3 drafters have)."""
+
+    hidden: int  # H
+    intermediate: int  # MLP width
+    heads: int  # attention heads
+    kv_heads: int  # key/value heads (GQA)
+    qk_dim: int  # query/key width per head (MLA: nope + rope)
+    v_dim: int  # value width per head
+    draft_vocab: int  # the drafter's lm_head rows
+    vocab: int = 0  # the verifier's vocabulary: frozen embedding and target head
+    num_layers: int = 1  # drafter decoder layers
+
+    @classmethod
+    def of(cls, c) -> DrafterShape:
+        """From an eagle3lib.model.drafter.DrafterConfig."""
+        mla = c.drafter_layer == "mla"
+        qk = (c.qk_nope_head_dim + c.qk_rope_head_dim) if mla else c.head_dim
+        return cls(hidden=c.hidden_size, intermediate=c.intermediate_size, heads=c.num_attention_heads,
+                   kv_heads=c.num_key_value_heads, qk_dim=qk, v_dim=c.v_head_dim if mla else c.head_dim,
+                   draft_vocab=c.draft_vocab_size, vocab=c.vocab_size, num_layers=c.num_layers)
+
+    def parameters(self) -> int:
+        """Trainable parameters (fc, the layers, the final norm, lm_head); the embedding is frozen."""
+        H, nh, nkv = self.hidden, self.heads, self.kv_heads
+        attn = 2 * H * (nh * self.qk_dim + nkv * (self.qk_dim + self.v_dim)) + nh * self.v_dim * H
+        layer = attn + 3 * H * self.intermediate + 3 * H
+        return 3 * H * H + self.num_layers * layer + H + self.draft_vocab * H

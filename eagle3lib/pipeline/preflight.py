@@ -10,6 +10,9 @@ from typing import Any
 from eagle3lib.config.profile import ParamsError
 
 DRAFTER_STAGES = ("train", "data_scaling")  # the stages that build a drafter from train.drafter_layer
+# Analysis stages read other stages' outputs, not the verifier: a run of only these checks nothing against it (and
+# does not wait on the hub for a model this machine cannot reach: the kimi-k2.5 profile's deployment stage)
+ANALYSIS_STAGES = ("learning_curves", "cost_projection", "compare_runs", "deployment")
 
 
 def preflight(prof: Any, stage_names: list[str]) -> None:
@@ -20,6 +23,8 @@ def preflight(prof: Any, stage_names: list[str]) -> None:
     from eagle3lib.model.drafter_shape import choose_drafter_layer
     from eagle3lib.model.verifier import aux_layer_ids, load_config, missing_local_folder, resolve_model
 
+    if stage_names and all(s in ANALYSIS_STAGES for s in stage_names):
+        return
     vcfg = prof.verifier
     if missing_local_folder(vcfg.model):
         raise ParamsError(f"{prof.path}: verifier.model: no such folder: {vcfg.model}")

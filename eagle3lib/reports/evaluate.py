@@ -151,10 +151,10 @@ def k_sweep_markdown(results: dict[str, Any]) -> str:
     sweep = results.get("k_sweep")
     if not sweep:
         return ""
-    ratio = sweep["cost_ratio"]
-    model = (f"**modelled on a GPU** (an estimate, not a measurement: tau(K) / (1 + K c), c = drafter / verifier FLOPs "
-             f"per token = {ratio:.3f}): K = {sweep['k_best_gpu_model']}" if ratio is not None else
-             "no GPU model (set cost_projection.verifier_active_params)")
+    where = sweep.get("gpu_model")
+    model = (f"**modelled on a GPU** ({where}; an estimate, not a measurement: eagle3lib/model/decode_time.py, drawn over "
+             f"every concurrency and machine by the deployment stage): K = {sweep['k_best_gpu_model']}" if where else
+             "no GPU model")
     return (f"Best K **measured here**: {sweep['k_best_here']} (tokens/s over the verifier alone on this machine); "
             f"best K {model}.")
 

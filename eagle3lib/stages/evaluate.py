@@ -21,6 +21,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from eagle3lib.analysis.deployment import k_sweep_model
 from eagle3lib.core.atomic import write_json_atomic
 from eagle3lib.core.manifest import StageTimer, now_iso, update_manifest
 from eagle3lib.evaluation.concurrency_grid import concurrency_grid, grid_figures, sweep_measurements
@@ -239,8 +240,7 @@ def _run(ctx, cfg, vcfg, timer) -> dict[str, Any]:
                 if measured is not None:
                     main, base_tps = None, measured.pop(0)["tokens_per_s"]
                 results["k_sweep"] = k_sweep(cfg, vcfg, model_path, ckpt, prompts, out_dir, vkey, base_tps,
-                                             ctx.profile.section("cost_projection").verifier_active_params, main,
-                                             measured)
+                                             k_sweep_model(ctx.profile, ckpt, cfg.concurrency), main, measured)
                 results["phases"]["k_sweep"] = {"seconds": round(time.time() - t0, 1)}
     finally:
         servers.close_all()

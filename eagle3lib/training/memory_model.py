@@ -23,46 +23,15 @@ each ratio). bf16 (CUDA autocast) halves the activations except the loss's fp32 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
+
+from eagle3lib.model.drafter_shape import DrafterShape
 
 GIB = 2**30
 BACKWARD = 0.15  # share of one step's activations alive as gradients during its backward (fitted, see docstring)
 FLASH_TRANSIENT = 13  # block-score-sized fp32 tensors alive at once in the flash backward (fitted)
 QUADRATIC_TRANSIENT = 4  # [heads, L, L]-sized fp32 tensors alive at once in the dense layouts' backward (fitted)
 HEADROOM = 0.9  # plan for this share of the device's memory: allocator fragmentation, CUDA context, communication
-
-
-@dataclass(frozen=True)
-class DrafterShape:
-    """What a training step's memory depends on (one decoder layer, as EAGLE-3 drafters have)."""
-
-    hidden: int  # H
-    intermediate: int  # MLP width
-    heads: int  # attention heads
-    kv_heads: int  # key/value heads (GQA)
-    qk_dim: int  # query/key width per head (MLA: nope + rope)
-    v_dim: int  # value width per head
-    draft_vocab: int  # the drafter's lm_head rows
-    vocab: int = 0  # the verifier's vocabulary: frozen embedding and target head
-    num_layers: int = 1  # drafter decoder layers
-
-    @classmethod
-    def of(cls, c) -> DrafterShape:
-        """From an eagle3lib.model.drafter.DrafterConfig."""
-        mla = c.drafter_layer == "mla"
-        qk = (c.qk_nope_head_dim + c.qk_rope_head_dim) if mla else c.head_dim
-        return cls(hidden=c.hidden_size, intermediate=c.intermediate_size, heads=c.num_attention_heads,
-                   kv_heads=c.num_key_value_heads, qk_dim=qk, v_dim=c.v_head_dim if mla else c.head_dim,
-                   draft_vocab=c.draft_vocab_size, vocab=c.vocab_size, num_layers=c.num_layers)
-
-    def parameters(self) -> int:
-        """Trainable parameters (fc, the layers, the final norm, lm_head); the embedding is frozen."""
-        H, nh, nkv = self.hidden, self.heads, self.kv_heads
-        attn = 2 * H * (nh * self.qk_dim + nkv * (self.qk_dim + self.v_dim)) + nh * self.v_dim * H
-        layer = attn + 3 * H * self.intermediate + 3 * H
-        return 3 * H * H + self.num_layers * layer + H + self.draft_vocab * H
 
 
 def per_step_bytes(s: DrafterShape, dtype_bytes: int = 4) -> float:

@@ -1,0 +1,213 @@
+"""Which K to serve at which concurrency on which machine: the decode-round model (eagle3lib/model/decode_time.py, a
+MODEL, labelled so everywhere) applied to a profile's verifier and drafter on every hardware row, the schedule it
+implies, and how far it is from measurements: this run's CPU grid (the cpu-2core row) and published GPU figures.
+
+Acceptance comes from measurements where the run has them (the evaluate stage's grid, else its K sweep, else its main
+pass), else from `deployment.acceptance_per_position`; the model does not predict acceptance, only time.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from eagle3lib.config.deployment import VerifierShape
+from eagle3lib.config.profile import ParamsError
+from eagle3lib.model.decode_time import DrafterCost, Machine, VerifierCost, chained, speedup, tau_of
+from eagle3lib.model.drafter_shape import DrafterShape, choose_drafter_layer, drafter_config_from
+from eagle3lib.model.verifier import resolve_model
+from eagle3lib.vllm.k_schedule import schedule_ranges
+
+SHAPE_KEYS = tuple(VerifierShape.model_fields)
+CPU_ROW = "cpu-2core"  # the hardware row of the machine the grid is measured on
+
+
+def verifier_shape_from(model_path: str, trust_remote_code: bool = False) -> VerifierShape:
+    """The shape from the verifier's config.json (its text_config for multimodal wrappers)."""
+    from eagle3lib.model.verifier import load_config
+
+    c = load_config(model_path, trust_remote_code)
+    vals = {k: getattr(c, k) for k in SHAPE_KEYS if getattr(c, k, None) is not None and not k.endswith("_bytes")}
+    if not getattr(c, "n_routed_experts", None):  # dense: the MoE fields of a config class default to non-zero
+        for k in ("n_routed_experts", "num_experts_per_tok", "n_shared_experts", "moe_intermediate_size",
+                  "first_k_dense_replace"):
+            vals.pop(k, None)
+    return VerifierShape(**vals)
+
+
+def drafter_shape_for(train_cfg, shape: VerifierShape, ckpt: Path | None = None) -> DrafterShape:
+    """The run's trained drafter when it exists, else the drafter the train section would build for this verifier
+    (on a GPU host: "auto" picks the Llama layer there)."""
+    if ckpt is not None and (Path(ckpt) / "config.json").exists():
+        from eagle3lib.model.checkpoint import read_config
+
+        return DrafterShape.of(read_config(ckpt))
+    layer = choose_drafter_layer(train_cfg.drafter_layer, shape, cuda=True)
+    vocab = train_cfg.draft_vocab_size or shape.vocab_size
+    return DrafterShape.of(drafter_config_from(train_cfg, shape, [0], vocab, "verifier", layer))
+
+
+def machine(row, cfg, gpus: int | None = None, overhead_ms: float | None = None) -> Machine:
+    """A params/hardware.yaml row as the model's machine (tensor parallel over all its GPUs unless `gpus`)."""
+    return Machine(gpus=gpus or row.count, bandwidth=row.mem_bw_tbs * 1e12, flops=row.bf16_tflops * 1e12,
+                   bandwidth_efficiency=cfg.bandwidth_efficiency, flops_efficiency=cfg.flops_efficiency,
+                   overhead_s=(cfg.step_overhead_ms if overhead_ms is None else overhead_ms) / 1e3)
+
+
+def measured_acceptance(results: dict[str, Any] | None) -> tuple[list[float], str] | None:
+    """Acceptance per position from the evaluate stage's results (rounds reaching position i): the grid's largest K
+    averaged over its concurrencies, else the K sweep's largest K, else the main greedy pass."""
+    if not results:
+        return None
+    grid = results.get("concurrency_grid") or {}
+    for rows, label in ((grid.get("rows"), "the evaluate stage's concurrency grid"),
+                        ((results.get("k_sweep") or {}).get("rows"), "the evaluate stage's K sweep")):
+        spec = [r for r in rows or [] if r.get("ttt_steps") and r.get("accept_rate_pos_1") is not None]
+        if spec:
+            k = max(r["ttt_steps"] for r in spec)
+            top = [r for r in spec if r["ttt_steps"] == k]
+            return [sum(r[f"accept_rate_pos_{i}"] for r in top) / len(top) for i in range(1, k + 1)], f"{label}, K = {k}"
+    greedy = ((results.get("vllm") or {}).get("greedy") or {})
+    if greedy.get("accept_rate_pos") and None not in greedy["accept_rate_pos"]:
+        return list(greedy["accept_rate_pos"]), "the evaluate stage's vLLM greedy pass"
+    return None
+
+
+def acceptance(cfg, results: dict[str, Any] | None) -> tuple[list[float], str]:
+    """(rates of rounds reaching each position, where they come from)."""
+    if cfg.acceptance_per_position is not None:
+        return chained(cfg.acceptance_per_position), cfg.acceptance_note or "deployment.acceptance_per_position"
+    got = measured_acceptance(results)
+    if got is None:
+        raise ValueError("deployment: no acceptance to plan with: this run has no evaluate results with acceptance per "
+                         "position (run --stages evaluate) and deployment.acceptance_per_position is not set")
+    return got
+
+
+@dataclass
+class Plan:
+    verifier: VerifierCost
+    drafter: DrafterCost
+    rates: list[float]  # share of rounds reaching draft position i
+    context: int  # KV tokens per request
+
+    def tau(self, k: int) -> float:
+        return tau_of(self.rates, k)
+
+    def rows(self, m: Machine, concurrencies: list[int], ks: list[int], label: str) -> list[dict[str, Any]]:
+        """Modelled tokens/s, time per output token and speedup per (K, concurrency); K = 0 is the verifier alone."""
+        return [{"hardware": label, **speedup(self.verifier, self.drafter, m, c, k, self.tau(k), self.context)}
+                for k in [0, *ks] for c in concurrencies]
+
+
+def best_k(rows: list[dict[str, Any]]) -> dict[int, int]:
+    """The K with the highest modelled tokens/s at each concurrency (0 = do not speculate)."""
+    best: dict[int, dict[str, Any]] = {}
+    for r in rows:
+        c = r["concurrency"]
+        if c not in best or r["tokens_per_s"] > best[c]["tokens_per_s"] * (1 + 1e-9):
+            best[c] = r
+    return {c: r["ttt_steps"] for c, r in sorted(best.items())}
+
+
+def schedule(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The modelled schedule as vLLM ranges, and the concurrency above which speculation stops paying (None: it pays
+    at every modelled concurrency)."""
+    bk = best_k(rows)
+    stops = next((c for c, k in bk.items() if k == 0 and all(v == 0 for cc, v in bk.items() if cc >= c)), None)
+    return {"best_k": bk, "schedule": schedule_ranges(bk), "stops_paying_at": stops}
+
+
+def cpu_comparison(plan: Plan, row, cfg, grid: dict[str, Any]) -> list[dict[str, Any]]:
+    """The model on the cpu-2core row against the measured grid, per (K, concurrency): pure roofline (the configured
+    overhead) and with the per-forward overhead fitted to one number, the verifier alone's time per output token at
+    the grid's smallest concurrency."""
+    measured = {(r["ttt_steps"], r["concurrency"]): r for r in grid["rows"]}
+    cs = sorted({c for _, c in measured})
+    ks = sorted({k for k, _ in measured if k})
+    roof = machine(row, cfg)
+    no_overhead = replace(roof, overhead_s=0.0)
+    t0 = measured[(0, cs[0])]["tpot_ms"] / 1e3 * cs[0]  # one verifier step at the smallest batch
+    step = no_overhead.seconds(*plan.verifier.step(cs[0], 1, plan.context))
+    fitted = replace(roof, overhead_s=max(0.0, t0 - step))
+    out = []
+    for k in ks:
+        for c in cs:
+            m = measured.get((k, c))
+            if not m or m.get("speedup") is None:
+                continue
+            tau = m.get("tau") or plan.tau(k)
+            a = speedup(plan.verifier, plan.drafter, roof, c, k, tau, plan.context)
+            b = speedup(plan.verifier, plan.drafter, fitted, c, k, tau, plan.context)
+            out.append({"ttt_steps": k, "concurrency": c, "tau": tau, "measured_speedup": m["speedup"],
+                        "model_speedup": a["speedup"], "model_fitted_overhead_speedup": b["speedup"],
+                        "fitted_overhead_ms": 1e3 * fitted.overhead_s})
+    return out
+
+
+def hardware_names(cfg, profile, table: dict[str, Any]) -> list[str]:
+    """deployment.hardware, else cost_projection.hardware, else every GPU row (the CPU row is the grid's comparison)."""
+    names = cfg.hardware
+    if not names:
+        try:
+            names = profile.section("cost_projection").hardware
+        except ParamsError:
+            names = []
+    return list(names or [n for n in table if n != CPU_ROW])
+
+
+def source_run(cfg, run_dir: Path) -> Path:
+    """The run the measurements come from (deployment.results_run_dir, else this one)."""
+    from eagle3lib.analysis.cost import resolve_path
+
+    return resolve_path(cfg.results_run_dir) if cfg.results_run_dir else run_dir
+
+
+def shapes(cfg, profile, ckpt: Path | None) -> tuple[VerifierShape, DrafterShape, dict[str, str]]:
+    """The verifier's shape (deployment.verifier_shape, else its config.json) and the drafter's (the checkpoint `ckpt`
+    when it exists, else the train section's), with where each comes from."""
+    vcfg = profile.verifier
+    shape, src = cfg.verifier_shape, "deployment.verifier_shape"
+    if shape is None:
+        shape, src = verifier_shape_from(resolve_model(vcfg.model), vcfg.trust_remote_code), f"{vcfg.model} config.json"
+    have = ckpt is not None and (Path(ckpt) / "config.json").exists()
+    dshape = drafter_shape_for(profile.section("train"), shape, ckpt if have else None)
+    return shape, dshape, {"verifier_shape_source": src,
+                           "drafter_source": "the trained drafter" if have else "the train section's shape"}
+
+
+def build_plan(cfg, profile, run_dir: Path, results: dict[str, Any] | None) -> tuple[Plan, dict[str, Any]]:
+    """The model's inputs for `profile` (its deployment section `cfg`): the shapes, with the run's trained drafter when
+    it has one, and the acceptance per position, with where each comes from."""
+    shape, dshape, sources = shapes(cfg, profile, Path(run_dir) / "train" / "final")
+    rates, rates_source = acceptance(cfg, results)
+    vc = VerifierCost(shape)
+    inputs = {**sources, "acceptance_source": rates_source, "acceptance_per_position": rates,
+              "verifier_total_params": vc.total_params, "verifier_active_params": vc.active_params,
+              "drafter_params": dshape.parameters(), "context_tokens": cfg.context_tokens}
+    return Plan(vc, DrafterCost(dshape), rates, cfg.context_tokens), inputs
+
+
+def k_sweep_model(profile, ckpt: Path, concurrency: int) -> tuple[Callable[[int, float], float], str]:
+    """The modelled GPU speedup of K drafts at acceptance length tau, for the evaluate stage's K sweep: the first
+    hardware row of the deployment section at evaluate.concurrency."""
+    from eagle3lib.analysis.cost import get_row, load_hardware, resolve_path
+
+    cfg = profile.section("deployment")
+    table = load_hardware(resolve_path(cfg.hardware_file))
+    name = hardware_names(cfg, profile, table)[0]
+    shape, dshape, _ = shapes(cfg, profile, ckpt)
+    vc, dc, m = VerifierCost(shape), DrafterCost(dshape), machine(get_row(table, name, cfg.hardware_file), cfg)
+
+    def model(k: int, tau: float) -> float:
+        return speedup(vc, dc, m, concurrency, k, tau, cfg.context_tokens)["speedup"]
+
+    return model, f"{name}, concurrency {concurrency}"
+
+
+def read_results(run_dir: Path) -> dict[str, Any] | None:
+    p = Path(run_dir) / "evaluate" / "results.json"
+    return json.loads(p.read_text()) if p.exists() else None

@@ -1,0 +1,146 @@
+# .venv/bin/python -m pytest -q tests/test_decode_time.py
+"""The decode-round model (eagle3lib/model/decode_time.py) and the deployment analysis built on it: parameter counts
+against real checkpoints, the roofline against hand arithmetic, the MoE effect (more tokens reach more experts), the
+schedule and where speculation stops paying, tau from acceptance per position, the published comparison's fit, and
+the deployment stage on the kimi-k2.5 profile (a verifier this machine cannot load: its shape is in the profile)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from safetensors import safe_open
+
+from eagle3lib.analysis.deployment import best_k, schedule, verifier_shape_from
+from eagle3lib.analysis.published_speedups import PUBLISHED, predict
+from eagle3lib.config.deployment import VerifierShape
+from eagle3lib.config.stages import open_stage
+from eagle3lib.core.paths import REPO_ROOT
+from eagle3lib.model.decode_time import DrafterCost, Machine, VerifierCost, chained, round_time, speedup, tau_of
+from eagle3lib.model.drafter_shape import DrafterShape
+
+ASSETS = REPO_ROOT / "eagle3lib" / "assets"
+
+
+def _checkpoint_params(folder, skip=("embed_tokens", "norm", "e_score_correction_bias")) -> int:
+    """Parameters of a shipped verifier's safetensors, without the embedding (a lookup) and the norms (vectors)."""
+    n = 0
+    with safe_open(str(folder / "model.safetensors"), framework="pt") as f:
+        for name in f.keys():  # noqa: SIM118
+            if not any(s in name for s in skip):
+                size = 1
+                for d in f.get_slice(name).get_shape():
+                    size *= int(d)
+                n += size
+    return n
+
+
+@pytest.mark.parametrize("name", ["tiny-verifier", "tiny-kimi-verifier"])
+def test_parameter_count_matches_the_shipped_checkpoints(name):
+    """The model's count from config.json alone (dense GQA; MLA + MoE with a dense first layer and a shared expert)
+    against the tensors on disk: the bytes a step reads are built on it."""
+    shape = verifier_shape_from(str(ASSETS / name))
+    assert VerifierCost(shape).total_params == _checkpoint_params(ASSETS / name)
+
+
+def test_experts_touched_grow_from_top_k_to_all():
+    v = VerifierCost(VerifierShape(num_hidden_layers=2, hidden_size=64, vocab_size=100, intermediate_size=128,
+                                   num_attention_heads=4, n_routed_experts=64, num_experts_per_tok=4,
+                                   moe_intermediate_size=32, first_k_dense_replace=1))
+    assert v.experts_touched(1) == pytest.approx(4)
+    assert v.experts_touched(2) == pytest.approx(64 * (1 - (60 / 64) ** 2))  # 7.75: two tokens rarely share all 4
+    assert v.experts_touched(10_000) == pytest.approx(64)
+    assert v.moe_layers == 1
+
+
+DENSE = VerifierShape(num_hidden_layers=1, hidden_size=1000, vocab_size=1000, intermediate_size=1000,
+                      num_attention_heads=10, num_key_value_heads=10, head_dim=100)
+
+
+def test_roofline_by_hand():
+    """One layer, hidden 1000: attention 4e6 + MLP 3e6 + lm_head 1e6 = 8e6 parameters, 16 MB at bf16; KV 2 x 1000
+    x 2 bytes = 4 KB per token. At batch 1, context 1000, 1 token: 16e6 + 4e6 bytes = 20 MB over 1 TB/s = 20 us,
+    FLOPs 2 x 8e6 + 1000 x 4 x 10 x 100 = 2e7 over 1 PFLOP/s = 0.02 us: memory-bound, 20 us + 10 us overhead."""
+    v = VerifierCost(DENSE)
+    assert v.total_params == v.active_params == 8_000_000
+    m = Machine(gpus=1, bandwidth=1e12, flops=1e15, bandwidth_efficiency=1.0, flops_efficiency=1.0, overhead_s=1e-5)
+    nbytes, nflops = v.step(1, 1, 1000)
+    assert (nbytes, nflops) == (20_000_000, 2e7)
+    assert m.seconds(nbytes, nflops) == pytest.approx(30e-6)
+    # compute-bound once T = B (K + 1) tokens cost more FLOPs than the bytes take: 4 x 4096 tokens of short context
+    # (2.6e11 FLOPs = 262 us against 32 MB = 32 us; a long context would make the KV cache's bytes dominate instead)
+    big = v.step(4096, 4, 1)
+    assert m.seconds(*big) == pytest.approx(big[1] / 1e15 + 1e-5)
+
+
+def test_speculation_pays_while_memory_bound_and_stops_when_compute_bound():
+    """A 32-layer verifier and a one-layer drafter, short contexts (so weights, not the KV cache, set the bytes)."""
+    v = VerifierCost(DENSE.model_copy(update={"num_hidden_layers": 32}))
+    d = DrafterCost(DrafterShape(hidden=1000, intermediate=1000, heads=10, kv_heads=10, qk_dim=100, v_dim=100,
+                                 draft_vocab=500))
+    m = Machine(gpus=1, bandwidth=1e12, flops=2e13, overhead_s=1e-5)
+    small = speedup(v, d, m, 1, 3, 2.5, 100)
+    assert 1.5 < small["speedup"] < 2.5  # tau 2.5 for a verifier step of about one token's cost plus 3 drafter steps
+    big = speedup(v, d, m, 1024, 3, 2.5, 100)
+    assert big["speedup"] < 1.0  # compute-bound: 4 tokens per request verified for 2.5 kept
+    r = round_time(v, d, m, 1, 3, 2.5, 100)
+    assert small["round_ms"] == pytest.approx(1e3 * (r.verifier_s + r.drafter_s))
+    assert small["tpot_ms"] == pytest.approx(small["round_ms"] / 2.5)
+    rows = [speedup(v, d, m, c, k, tau_of([0.8, 0.6, 0.4], k) if k else 1.0, 100)
+            for k in (0, 1, 2, 3) for c in (1, 16, 256, 1024)]
+    s = schedule(rows)
+    assert s["best_k"][1] > 0 and s["best_k"][1024] == 0
+    assert s["stops_paying_at"] == min(c for c, k in s["best_k"].items() if k == 0)
+    assert s["schedule"][0][:2] == [1, 1] and s["schedule"][-1][2] == 0
+
+
+def test_moe_verification_reads_more_experts_at_small_batch():
+    """The effect the issue names: at batch 1 checking K + 1 tokens reaches ~K + 1 times the experts (bytes up), while
+    a dense verifier reads the same weights whatever K."""
+    moe = VerifierCost(VerifierShape(num_hidden_layers=4, hidden_size=256, vocab_size=1000, intermediate_size=512,
+                                     num_attention_heads=4, n_routed_experts=256, num_experts_per_tok=8,
+                                     moe_intermediate_size=512, first_k_dense_replace=1))
+    dense = VerifierCost(DENSE)
+    assert moe.step(1, 4, 100)[0] / moe.step(1, 1, 100)[0] > 2.0
+    assert dense.step(1, 4, 100)[0] == dense.step(1, 1, 100)[0]
+    # at a large batch every expert is read anyway: K + 1 tokens per request add no expert bytes
+    assert moe.step(4096, 4, 100)[0] - moe.step(4096, 1, 100)[0] < 1e-3 * moe.step(4096, 1, 100)[0]
+
+
+def test_tau_from_acceptance_per_position():
+    assert tau_of([0.8, 0.6, 0.4], 3) == pytest.approx(2.8)
+    assert tau_of([0.8, 0.6, 0.4], 1) == pytest.approx(1.8)
+    assert tau_of([0.8, 0.4], 3) == pytest.approx(1 + 0.8 + 0.4 + 0.2)  # beyond: the last conditional rate (0.5)
+    assert chained([0.8, 0.5]) == pytest.approx([0.8, 0.4])
+    assert best_k([{"concurrency": 1, "ttt_steps": 0, "tokens_per_s": 1.0},
+                   {"concurrency": 1, "ttt_steps": 2, "tokens_per_s": 1.5}]) == {1: 2}
+
+
+def test_published_comparison_fits_tau_at_the_smallest_batch_only():
+    from eagle3lib.analysis.cost import load_hardware
+    from eagle3lib.analysis.deployment import machine
+    from eagle3lib.config.deployment import DeploymentConfig
+
+    table = load_hardware(REPO_ROOT / "params" / "hardware.yaml")
+    for p in PUBLISHED:
+        rows = predict(p, machine(table[p.hardware], DeploymentConfig(), gpus=1))
+        assert rows[0]["model_speedup"] == pytest.approx(rows[0]["published_speedup"], rel=1e-6)
+        assert 1.0 < rows[0]["tau"] < p.verify_tokens + 1
+        assert rows[-1]["model_speedup"] < rows[0]["model_speedup"] * 1.05  # nothing makes big batches faster here
+
+
+def test_deployment_stage_plans_kimi_without_loading_it(tmp_path):
+    """The kimi-k2.5 profile: its verifier's shape and acceptance come from the profile; every hardware row gets a
+    schedule, Kimi-K2.5's ~1T parameters / ~32B active are what the shapes add up to, and the manifest has the figures."""
+    from eagle3lib.stages import deployment
+
+    ctx = open_stage("deployment", "kimi-k2.5", tmp_path, {})
+    out = deployment.run(ctx)
+    assert out["inputs"]["verifier_total_params"] == pytest.approx(1.03e12, rel=0.02)
+    assert out["inputs"]["verifier_active_params"] == pytest.approx(3.2e10, rel=0.05)
+    assert set(out["schedules"]) == {"rtx-pro-6000-x8", "b300-x8", "h200-x8", "h100-x8"}
+    for s in out["schedules"].values():
+        assert s["schedule"][0][0] == 1 and s["best_k"][1] >= 1
+    f = json.loads((tmp_path / "deployment" / "manifest.json").read_text())["figures"]
+    assert f["h200-x8.best_k_c1"] == out["schedules"]["h200-x8"]["best_k"][1]
+    assert "published_model_over_measured_median" in f and "cpu_model_over_measured_median" not in f  # no grid here
