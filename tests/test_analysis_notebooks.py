@@ -96,10 +96,17 @@ def _text(nb) -> str:
 
 
 def test_analysis_notebooks_as_they_ship_show_the_fixtures_before_any_run(tmp_path):
-    for name in ("learning_curves", "cost_projection", "compare_runs"):
+    for name in ("learning_curves", "cost_projection", "compare_runs", "deployment"):
         nb = _execute(f"{name}.ipynb", tmp_path / "runs", tmp_path / f"{name}.ipynb")
         assert "shows the shipped fixtures (tests/fixtures/analysis)" in _text(nb), name
         assert json.loads((tmp_path / "runs" / "interactive" / name / "manifest.json").read_text())["status"] == "complete"
+    # deployment's fixture is a measured grid (tests/fixtures/analysis/deployment: the demo drafter, K 1-4 x
+    # concurrency 1-16 on 2 cores): the model is held against every point of it, with the trained drafter's shape
+    dep = json.loads((tmp_path / "runs" / "interactive" / "deployment" / "results.json").read_text())
+    grid = json.loads((FIX / "deployment" / "evaluate" / "results.json").read_text())["concurrency_grid"]
+    assert len(dep["cpu_comparison"]) == len([r for r in grid["rows"] if r["ttt_steps"]]) == 20
+    assert dep["inputs"]["drafter_source"] == "the trained drafter"
+    assert dep["inputs"]["acceptance_source"] == "the evaluate stage's concurrency grid, K = 4"
 
 
 def test_notebooks_as_they_ship_use_the_newest_run_with_their_inputs(tmp_path):
@@ -153,3 +160,19 @@ def test_compare_runs_side_by_side(tmp_path):
     html = (runs["a"] / "compare_runs" / "report.html").read_text()
     assert "image/png" in html and "<td>–</td>" in html  # the plot, and b's missing evaluate as dashes
     assert 'href="compare_runs/report.html"' in (runs["a"] / "index.html").read_text()
+
+
+def test_deployment_notebook_plans_kimi_on_every_hardware_row(tmp_path):
+    """The kimi-k2.5 profile's deployment stage with no run at all (its verifier's shape and acceptance are in the
+    profile): the report names every hardware row with its schedule and `vllm serve` line, and draws the curves."""
+    run = tmp_path / "kimi"
+    r = run_cli("--profile", "kimi-k2.5", "--run-dir", str(run), "--stages", "deployment")
+    assert r.returncode == 0, r.stderr[-4000:]
+    assert "huggingface.co" not in r.stderr  # an analysis-only run never asks the hub for the verifier
+    m = json.loads((run / "deployment" / "manifest.json").read_text())
+    assert m["status"] == "complete" and m["figures"]["hardware_rows"] == 4
+    html = (run / "deployment" / "report.html").read_text()
+    for row in ("rtx-pro-6000-x8", "b300-x8", "h200-x8", "h100-x8"):
+        assert f"<strong>{row}</strong>: at concurrency &lt;= " in html, row
+    assert "num_speculative_tokens_per_batch_size" in html and "MODEL" in html
+    assert html.count("image/png") >= 1 and "Traceback" not in html

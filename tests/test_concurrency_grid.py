@@ -1,11 +1,13 @@
 # .venv/bin/python -m pytest -q tests/test_concurrency_grid.py
 """The K schedule per batch size (eagle3lib/evaluation/concurrency_grid.py): the schedule derived from a grid, the
-comparison against fixed Ks, and a real vLLM server following a schedule (vLLM 0.32's
-num_speculative_tokens_per_batch_size): at concurrency 1 it drafts the first range's K, at a larger batch the next
-range's (K = 0 included: no drafting), and its greedy outputs are the verifier's own. The grid run by the evaluate stage is in
-tests/test_evaluate.py::test_k_sweep_and_drafters_side_by_side."""
+comparison against fixed Ks, and the evaluate stage measuring a grid on the session's servers, then a real vLLM
+server following a schedule (vLLM 0.32's num_speculative_tokens_per_batch_size): at concurrency 1 it drafts the first
+range's K, at a larger batch the next range's (K = 0 included: no drafting), and its greedy outputs are the
+verifier's own. The decode model that plans schedules for GPUs: tests/test_decode_time.py."""
 
 from __future__ import annotations
+
+import json
 
 import pytest
 
@@ -57,10 +59,10 @@ def test_schedule_comparison_scores_every_policy_against_the_best_fixed_k():
 
 def test_a_pass_keeps_the_batch_full_by_cycling_the_prompts():
     prompts = [EvalPrompt(str(i), "chat", [1, 2, i]) for i in range(3)]
-    sent = grid_prompts(prompts, 4)
+    sent = grid_prompts(prompts, 1)
     assert len(sent) == 8 and len({p.id for p in sent}) == 8 and {p.category for p in sent} == {"all"}
     assert [p.token_ids[-1] for p in sent] == [0, 1, 2, 0, 1, 2, 0, 1]
-    assert len(grid_prompts(prompts, 1)) == 3
+    assert len(grid_prompts(prompts, 4)) == 32 and len(grid_prompts([*prompts] * 4, 1)) == 12
 
 
 @pytest.mark.slow
@@ -79,12 +81,16 @@ def test_stage_measures_the_grid_and_vllm_follows_a_schedule(spec_server, vllm_s
     over = {"evaluate.n_prompts": 8, "evaluate.max_tokens": 32, "evaluate.concurrency": 4, "evaluate.progress": False,
             "evaluate.modes": ["greedy"], "evaluate.library": False, "evaluate.checkpoint": "final",
             "evaluate.spec_server_url": spec_server.base_url, "evaluate.base_server_url": vllm_server.base_url,
-            "evaluate.concurrency_sweep": [1, 2, 4], "evaluate.ttt_steps_schedule": [[1, 1, 0], [2, 2, 1], [3, 64, 3]]}
+            "evaluate.concurrency_sweep": [1, 2, 4], "evaluate.ttt_steps_schedule": [[1, 1, 0], [2, 2, 1], [3, 64, 3]],
+            "evaluate.grid_repeats": 2}
     r = run_evaluate(open_stage("evaluate", "tiny", run, over))
     grid, f = r["results"]["concurrency_grid"], r["figures"]
     assert [(row["ttt_steps"], row["concurrency"]) for row in grid["rows"]] == [(k, c) for k in (0, 3) for c in (1, 2, 4)]
     assert all(row["greedy_same_output_frac"] == 1.0 and row["tokens_per_s"] > 0 for row in grid["rows"])
     assert all(row["tau"] > 1.3 for row in grid["rows"] if row["ttt_steps"] == 3)  # the drafter is accepted
+    phase = json.loads((run / "evaluate" / "phases" / "grid_k0.json").read_text())["result"]
+    for point in phase.values():  # two passes per point, the faster kept
+        assert len(point["tokens_per_s_passes"]) == 2 and point["tokens_per_s"] == max(point["tokens_per_s_passes"])
     best = best_k_per_concurrency(grid["rows"])  # the grid's own schedule follows its measured rows
     assert {int(c): k for c, k in grid["best_k"].items()} == best and grid["derived_schedule"] == (
         schedule_ranges(best) if any(best.values()) else None)

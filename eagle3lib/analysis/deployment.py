@@ -171,8 +171,11 @@ def shapes(cfg, profile, ckpt: Path | None) -> tuple[VerifierShape, DrafterShape
     when it exists, else the train section's), with where each comes from."""
     vcfg = profile.verifier
     shape, src = cfg.verifier_shape, "deployment.verifier_shape"
-    if shape is None:
-        shape, src = verifier_shape_from(resolve_model(vcfg.model), vcfg.trust_remote_code), f"{vcfg.model} config.json"
+    if shape is None:  # served in verifier.dtype: weights and cache in its bytes
+        shape = verifier_shape_from(resolve_model(vcfg.model), vcfg.trust_remote_code)
+        nbytes = 4.0 if vcfg.dtype == "float32" else 2.0
+        shape = shape.model_copy(update={"weight_bytes": nbytes, "kv_cache_bytes": nbytes})
+        src = f"{vcfg.model} config.json"
     have = ckpt is not None and (Path(ckpt) / "config.json").exists()
     dshape = drafter_shape_for(profile.section("train"), shape, ckpt if have else None)
     return shape, dshape, {"verifier_shape_source": src,
@@ -188,7 +191,7 @@ def build_plan(cfg, profile, run_dir: Path, results: dict[str, Any] | None) -> t
     inputs = {**sources, "acceptance_source": rates_source, "acceptance_per_position": rates,
               "verifier_total_params": vc.total_params, "verifier_active_params": vc.active_params,
               "drafter_params": dshape.parameters(), "context_tokens": cfg.context_tokens}
-    return Plan(vc, DrafterCost(dshape), rates, cfg.context_tokens), inputs
+    return Plan(vc, DrafterCost(dshape, shape.weight_bytes), rates, cfg.context_tokens), inputs
 
 
 def k_sweep_model(profile, ckpt: Path, concurrency: int) -> tuple[Callable[[int, float], float], str]:
@@ -200,7 +203,7 @@ def k_sweep_model(profile, ckpt: Path, concurrency: int) -> tuple[Callable[[int,
     table = load_hardware(resolve_path(cfg.hardware_file))
     name = hardware_names(cfg, profile, table)[0]
     shape, dshape, _ = shapes(cfg, profile, ckpt)
-    vc, dc, m = VerifierCost(shape), DrafterCost(dshape), machine(get_row(table, name, cfg.hardware_file), cfg)
+    vc, dc, m = VerifierCost(shape), DrafterCost(dshape, shape.weight_bytes), machine(get_row(table, name, cfg.hardware_file), cfg)
 
     def model(k: int, tau: float) -> float:
         return speedup(vc, dc, m, concurrency, k, tau, cfg.context_tokens)["speedup"]

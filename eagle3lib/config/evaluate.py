@@ -68,6 +68,8 @@ class EvaluateConfig(StageConfig):
     # concurrencies, with the verifier alone and at each K of ttt_steps_sweep (or the main K), one server per K reused
     # across them; then the K per batch size that was fastest, served as vLLM's num_speculative_tokens_per_batch_size
     # and measured against every fixed K (eagle3lib/evaluation/concurrency_grid.py); [] = none
+    grid_repeats: int = Field(3, ge=1)  # each grid point measured this many times, the fastest pass kept (timeit's
+    # rule: interference only slows a pass): on 2 shared cores single passes of the same point varied up to 3x
     ttt_steps_schedule: list[tuple[int, int, int]] | None = None  # with concurrency_sweep: serve and measure this
     # schedule, vLLM's (first batch size, last batch size, K) ranges (e.g. the one deployed today), instead of the one
     # derived from the grid (still reported); None = the derived one

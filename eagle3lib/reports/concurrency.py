@@ -9,6 +9,8 @@ from typing import Any
 import matplotlib.pyplot as plt
 import polars as pl
 
+from eagle3lib.reports.tables import people_text
+
 
 def grid_table(grid: dict[str, Any] | None) -> pl.DataFrame | str:
     """One row per (K, concurrency); a sentence when no grid was measured."""
@@ -48,9 +50,9 @@ def schedule_markdown(grid: dict[str, Any] | None, where: str = "this machine") 
             "**The grid's schedule**: none (the verifier alone was fastest at every concurrency).\n\n")
     if grid.get("schedule_source") != "derived from the grid":
         head += f"**Served instead** ({grid.get('schedule_source')}): {ranges_sentence(grid['schedule'], where)}\n\n"
-    return (f"{head}Served and measured, it {verdict} every fixed K over the grid (geometric mean of tokens/s relative to the "
-            f"best fixed K at each concurrency: schedule {scores['schedule']:.2f}; {fixed}).\n\n"
-            f"Deploy it with:\n\n```\n{grid['serve_command']}\n```")
+    return people_text(f"{head}Served and measured, it {verdict} every fixed K over the grid (geometric mean of tokens/s "
+                       f"relative to the best fixed K at each concurrency: schedule {scores['schedule']:.2f}; {fixed}).\n\n"
+                       f"Deploy it with:\n\n```\n{grid['serve_command']}\n```")  # the drafter's path: run-relative
 
 
 def plot_grid(grid: dict[str, Any]):
