@@ -57,12 +57,10 @@ class DeploymentConfig(StageConfig):
     bandwidth_efficiency: float = Field(0.7, gt=0, le=1)  # share of peak memory bandwidth a decode step achieves
     # (decode kernels reach ~60-80% of HBM peak)
     flops_efficiency: float = Field(0.3, gt=0, le=1)  # share of peak BF16 FLOP/s a verification step achieves: set
-    # against two published EAGLE-3 batch sweeps (README, "When does the drafter pay"): 0.5 overestimates their speedup
-    # at batch 8-64 by 14-65%, 0.3 lands within -13%..+25% (small per-request blocks run far below peak)
+    # against two published EAGLE-3 batch sweeps (docs/howto/choose-k.md): 0.5 overestimates their speedup
+    # at batch 2-64 by 14-65%, 0.3 lands within -13%..+25% (small per-request blocks run far below peak)
     step_overhead_ms: float = Field(0.5, ge=0)  # fixed time per forward (scheduling, sampling, launches between CUDA
     # graphs): paid by each drafter forward too, so it is what makes many cheap drafter steps add up
-    measured_overhead: bool = True  # for the cpu-2core comparison, also fit the overhead to the grid's verifier-alone
-    # step at concurrency 1 (one number), to show how much of the gap the per-step cost explains
 
     @field_validator("concurrencies", "ttt_steps")
     @classmethod

@@ -81,6 +81,8 @@ def plot_cpu(out: dict[str, Any]):
         ax.plot(cs, [p[1]["model_fitted_overhead_speedup"] for p in pts], ":", color=color, alpha=0.9)
     ax.axhline(1.0, color="gray", lw=0.8)
     ax.set_xscale("log", base=2)
+    cs = sorted({r["concurrency"] for r in rows})
+    ax.set_xticks(cs, [str(c) for c in cs])
     ax.set_xlabel("concurrency")
     ax.set_ylabel("speedup over the verifier alone")
     ax.set_title("cpu-2core: measured (solid), model (dashed), model + fitted overhead (dotted)", fontsize=9)
