@@ -274,8 +274,10 @@ def test_k_sweep_and_drafters_side_by_side(servers, train_dir, tmp_path):
     # the measured tau: recomputed here from the model's parts
     from eagle3lib.analysis.deployment import k_sweep_model
 
-    model, where = k_sweep_model(open_stage("evaluate", "tiny", run, over).profile, train_dir / "final", 8)
-    assert f["gpu_model"] == where and where.endswith("concurrency 8")
+    prof = open_stage("evaluate", "tiny", run, over).profile
+    c = prof.section("evaluate").concurrency
+    model, where = k_sweep_model(prof, train_dir / "final", c)
+    assert f["gpu_model"] == where and where.endswith(f"concurrency {c}")
     assert [row["gpu_speedup_model"] for row in sweep["rows"]] == [model(r["ttt_steps"], r["tau"]) for r in sweep["rows"]]
     assert all(row["speedup_here"] > 0 for row in sweep["rows"])
     assert (run / "evaluate" / "phases" / "vllm_spec_k1.json").exists()  # a rerun reuses each K's measurement
