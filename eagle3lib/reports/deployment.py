@@ -12,11 +12,16 @@ import polars as pl
 from eagle3lib.reports.concurrency import ranges_sentence
 
 MODEL_LABEL = "MODEL (eagle3lib/model/decode_time.py), not a measurement"
+SMALL = 1e8  # verifier parameters below which a GPU decode step is all fixed overhead (the tiny verifiers: 3-6M)
 
 
 def schedules_markdown(out: dict[str, Any], model: str = "<verifier>", drafter: str = "<drafter>") -> str:
     """The one-line answer per machine, and its `--speculative-config`."""
     lines = [f"**Modelled** ({MODEL_LABEL}; acceptance from {out['inputs']['acceptance_source']}):", ""]
+    if out["inputs"]["verifier_total_params"] < SMALL:
+        lines[-1:] = ["", f"(A verifier of {out['inputs']['verifier_total_params'] / 1e6:.1f}M parameters is all per-step "
+                      "overhead on a GPU, so speculation cannot pay there; `--profile kimi-k2.5 --stages deployment` "
+                      "plans a large one.)", ""]
     for name, s in out["schedules"].items():
         top = max(s["best_k"].values())
         if top == 0:
