@@ -12,13 +12,12 @@ import json
 import pytest
 
 from eagle3lib.evaluation.concurrency_grid import (
-    best_k_per_concurrency,
     grid_prompts,
     grid_rows,
     schedule_comparison,
     serve_command,
 )
-from eagle3lib.vllm.k_schedule import schedule_ranges
+from eagle3lib.vllm.k_schedule import fastest_k, schedule_ranges
 from eagle3lib.vllm.measure import EvalPrompt
 
 
@@ -33,7 +32,7 @@ def test_schedule_is_the_fastest_k_per_concurrency_as_vllm_ranges():
     # K = 3 wins at 1-2, K = 1 at 4, the verifier alone at 8 and 16
     rows = _rows({(0, 1): 10, (1, 1): 14, (3, 1): 18, (0, 2): 19, (1, 2): 25, (3, 2): 28, (0, 4): 35, (1, 4): 40,
                   (3, 4): 38, (0, 8): 60, (1, 8): 55, (3, 8): 45, (0, 16): 90, (1, 16): 70, (3, 16): 50})
-    best = best_k_per_concurrency(rows)
+    best = fastest_k(rows)
     assert best == {1: 3, 2: 3, 4: 1, 8: 0, 16: 0}
     sched = schedule_ranges(best)
     assert sched == [[1, 2, 3], [3, 4, 1], [5, 16, 0]]  # neighbours with one K merged; the first range starts at 1
@@ -91,7 +90,7 @@ def test_stage_measures_the_grid_and_vllm_follows_a_schedule(spec_server, vllm_s
     phase = json.loads((run / "evaluate" / "phases" / "grid_k0.json").read_text())["result"]
     for point in phase.values():  # two passes per point, the faster kept
         assert len(point["tokens_per_s_passes"]) == 2 and point["tokens_per_s"] == max(point["tokens_per_s_passes"])
-    best = best_k_per_concurrency(grid["rows"])  # the grid's own schedule follows its measured rows
+    best = fastest_k(grid["rows"])  # the grid's own schedule follows its measured rows
     assert {int(c): k for c, k in grid["best_k"].items()} == best and grid["derived_schedule"] == (
         schedule_ranges(best) if any(best.values()) else None)
     assert grid["schedule_source"] == "evaluate.ttt_steps_schedule"

@@ -11,13 +11,14 @@ import json
 import pytest
 from safetensors import safe_open
 
-from eagle3lib.analysis.deployment import best_k, schedule, verifier_shape_from
+from eagle3lib.analysis.deployment import schedule, verifier_shape_from
 from eagle3lib.analysis.published_speedups import PUBLISHED, predict
 from eagle3lib.config.deployment import VerifierShape
 from eagle3lib.config.stages import open_stage
 from eagle3lib.core.paths import REPO_ROOT
 from eagle3lib.model.decode_time import DrafterCost, Machine, VerifierCost, chained, round_time, speedup, tau_of
 from eagle3lib.model.drafter_shape import DrafterShape
+from eagle3lib.vllm.k_schedule import fastest_k
 
 ASSETS = REPO_ROOT / "eagle3lib" / "assets"
 
@@ -112,7 +113,7 @@ def test_tau_from_acceptance_per_position():
     assert tau_of([0.8, 0.6, 0.4], 1) == pytest.approx(1.8)
     assert tau_of([0.8, 0.4], 3) == pytest.approx(1 + 0.8 + 0.4 + 0.2)  # beyond: the last conditional rate (0.5)
     assert chained([0.8, 0.5]) == pytest.approx([0.8, 0.4])
-    assert best_k([{"concurrency": 1, "ttt_steps": 0, "tokens_per_s": 1.0},
+    assert fastest_k([{"concurrency": 1, "ttt_steps": 0, "tokens_per_s": 1.0},
                    {"concurrency": 1, "ttt_steps": 2, "tokens_per_s": 1.5}]) == {1: 2}
 
 

@@ -19,7 +19,7 @@ from eagle3lib.config.profile import ParamsError
 from eagle3lib.model.decode_time import DrafterCost, Machine, VerifierCost, chained, speedup, tau_of
 from eagle3lib.model.drafter_shape import DrafterShape, choose_drafter_layer, drafter_config_from
 from eagle3lib.model.verifier import resolve_model
-from eagle3lib.vllm.k_schedule import schedule_ranges
+from eagle3lib.vllm.k_schedule import fastest_k, schedule_ranges
 
 SHAPE_KEYS = tuple(VerifierShape.model_fields)
 CPU_ROW = "cpu-2core"  # the hardware row of the machine the grid is measured on
@@ -50,11 +50,11 @@ def drafter_shape_for(train_cfg, shape: VerifierShape, ckpt: Path | None = None)
     return DrafterShape.of(drafter_config_from(train_cfg, shape, [0], vocab, "verifier", layer))
 
 
-def machine(row, cfg, gpus: int | None = None, overhead_ms: float | None = None) -> Machine:
+def machine(row, cfg, gpus: int | None = None) -> Machine:
     """A params/hardware.yaml row as the model's machine (tensor parallel over all its GPUs unless `gpus`)."""
     return Machine(gpus=gpus or row.count, bandwidth=row.mem_bw_tbs * 1e12, flops=row.bf16_tflops * 1e12,
                    bandwidth_efficiency=cfg.bandwidth_efficiency, flops_efficiency=cfg.flops_efficiency,
-                   overhead_s=(cfg.step_overhead_ms if overhead_ms is None else overhead_ms) / 1e3)
+                   overhead_s=cfg.step_overhead_ms / 1e3)
 
 
 def measured_acceptance(results: dict[str, Any] | None) -> tuple[list[float], str] | None:
@@ -103,20 +103,10 @@ class Plan:
                 for k in [0, *ks] for c in concurrencies]
 
 
-def best_k(rows: list[dict[str, Any]]) -> dict[int, int]:
-    """The K with the highest modelled tokens/s at each concurrency (0 = do not speculate)."""
-    best: dict[int, dict[str, Any]] = {}
-    for r in rows:
-        c = r["concurrency"]
-        if c not in best or r["tokens_per_s"] > best[c]["tokens_per_s"] * (1 + 1e-9):
-            best[c] = r
-    return {c: r["ttt_steps"] for c, r in sorted(best.items())}
-
-
 def schedule(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """The modelled schedule as vLLM ranges, and the concurrency above which speculation stops paying (None: it pays
     at every modelled concurrency)."""
-    bk = best_k(rows)
+    bk = fastest_k(rows)
     stops = next((c for c, k in bk.items() if k == 0 and all(v == 0 for cc, v in bk.items() if cc >= c)), None)
     return {"best_k": bk, "schedule": schedule_ranges(bk), "stops_paying_at": stops}
 

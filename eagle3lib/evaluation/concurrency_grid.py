@@ -26,7 +26,7 @@ from typing import Any
 from eagle3lib.evaluation.phases import load_phase, save_phase
 from eagle3lib.evaluation.results import same_frac
 from eagle3lib.vllm.endpoint import verifier_endpoint
-from eagle3lib.vllm.k_schedule import schedule_ranges
+from eagle3lib.vllm.k_schedule import fastest_k, schedule_ranges
 from eagle3lib.vllm.measure import run_pass, warmup
 from eagle3lib.vllm.server import server_for_verifier
 
@@ -113,16 +113,6 @@ def grid_rows(measured: dict[int, dict[int, dict[str, Any]]], base: int = 0) -> 
     return rows
 
 
-def best_k_per_concurrency(rows: list[dict[str, Any]]) -> dict[int, int]:
-    """The fixed K (0 = none) with the highest measured tokens/s at each concurrency."""
-    best: dict[int, dict[str, Any]] = {}
-    for r in rows:
-        c = r["concurrency"]
-        if r["tokens_per_s"] is not None and (c not in best or r["tokens_per_s"] > best[c]["tokens_per_s"]):
-            best[c] = r
-    return {c: r["ttt_steps"] for c, r in best.items()}
-
-
 def schedule_comparison(rows: list[dict[str, Any]], sched: dict[int, dict[str, Any]],
                         base: dict[int, dict[str, Any]]) -> dict[str, Any]:
     """The served schedule against every fixed K: per concurrency its tokens/s over the best fixed K's; over the grid,
@@ -176,7 +166,7 @@ def concurrency_grid(cfg, vcfg, model_path: str, ckpt: Path, prompts, k_main: in
                                                                                       "ttt_steps": k, "url": url},
                              url, speculative_config(ckpt, k))
     rows = grid_rows(measured)
-    best = best_k_per_concurrency(rows)
+    best = fastest_k(rows)
     out: dict[str, Any] = {"ks": ks, "concurrencies": sorted(cfg.concurrency_sweep), "rows": rows,
                            "best_k": {str(c): k for c, k in sorted(best.items())}, "schedule": None}
     derived = None if all(k == 0 for k in best.values()) else schedule_ranges(best)

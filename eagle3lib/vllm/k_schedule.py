@@ -4,6 +4,8 @@ of inclusive (first batch size, last batch size, K) ranges, looked up by the num
 
 from __future__ import annotations
 
+from typing import Any
+
 
 def schedule_ranges(best_k: dict[int, int]) -> list[list[int]]:
     """The best K at each measured (or modelled) concurrency as vLLM's ranges: each point c covers the batch sizes
@@ -18,3 +20,14 @@ def schedule_ranges(best_k: dict[int, int]) -> list[list[int]]:
             ranges.append([lo, c, best_k[c]])
         lo = c + 1
     return ranges
+
+
+def fastest_k(rows: list[dict[str, Any]]) -> dict[int, int]:
+    """The K (0 = no drafting) with the highest tokens/s at each concurrency, from rows of a measured grid or of the
+    decode model; rows without a figure are skipped, and a tie (within 1e-9) keeps the K seen first."""
+    best: dict[int, dict[str, Any]] = {}
+    for r in rows:
+        c, tps = r["concurrency"], r["tokens_per_s"]
+        if tps is not None and (c not in best or tps > best[c]["tokens_per_s"] * (1 + 1e-9)):
+            best[c] = r
+    return {c: r["ttt_steps"] for c, r in sorted(best.items())}
