@@ -77,7 +77,7 @@ def test_stage_measures_the_grid_and_vllm_follows_a_schedule(spec_server, vllm_s
     run = tmp_path / "run"
     run.mkdir()
     (run / "train").symlink_to(train_dir, target_is_directory=True)
-    over = {"evaluate.n_prompts": 8, "evaluate.max_tokens": 32, "evaluate.concurrency": 4, "evaluate.progress": False,
+    over = {"evaluate.n_prompts": 8, "evaluate.max_tokens": 16, "evaluate.concurrency": 4, "evaluate.progress": False,
             "evaluate.modes": ["greedy"], "evaluate.library": False, "evaluate.checkpoint": "final",
             "evaluate.spec_server_url": spec_server.base_url, "evaluate.base_server_url": vllm_server.base_url,
             "evaluate.concurrency_sweep": [1, 2, 4], "evaluate.ttt_steps_schedule": [[1, 1, 0], [2, 2, 1], [3, 64, 3]],
