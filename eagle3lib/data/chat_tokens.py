@@ -116,8 +116,9 @@ def assistant_char_spans(tok: Any, messages: list[dict[str, Any]], full: str, kw
 
     Start: after `render(messages[:i], add_generation_prompt=True)` when that is a prefix of `full`; otherwise (the
     template renders earlier turns differently for a shorter conversation) after the next occurrence of the generation
-    prompt's header (what add_generation_prompt appends) following the previous turn. End: after the first end-of-turn
-    marker following the start, within this turn.
+    prompt's header (what add_generation_prompt appends) following the previous turn. End: after the last end-of-turn
+    marker of this turn when its rendering is known (`render(messages[:i + 1])` is a prefix of `full`; gpt-oss ends
+    its analysis and final channels with one marker each), else after the first marker following the start.
     """
     spans = []
     pos = 0
@@ -137,9 +138,13 @@ def assistant_char_spans(tok: Any, messages: list[dict[str, Any]], full: str, kw
             start = k + len(header)
         upto = tok.apply_chat_template(messages[: i + 1], tokenize=False, **kwargs)
         limit = len(upto) if full.startswith(upto) and len(upto) > start else len(full)
-        ends = [p + len(mk) for mk in end_markers if (p := full.find(mk, start, limit)) >= 0]
+        exact = full.startswith(upto) and len(upto) > start  # this turn's own rendering ends at `limit`
+        if exact:  # its last marker ends it: a turn can hold several (gpt-oss: analysis<|end|> then final<|end|>)
+            ends = [p + len(mk) for mk in end_markers if (p := full.rfind(mk, start, limit)) >= 0]
+        else:
+            ends = [p + len(mk) for mk in end_markers if (p := full.find(mk, start, limit)) >= 0]
         if ends:
-            end = min(ends)
+            end = max(ends) if exact else min(ends)
         elif limit < len(full) or full.startswith(upto):
             end = len(full[:limit].rstrip())
         else:

@@ -241,6 +241,14 @@ def _pick(names: dict[str, Path], suffixes: tuple[str, ...]) -> str | None:
     return None
 
 
+# Model types whose RMSNorm scales by (1 + weight), the weight stored as an offset from 1 (transformers 5.19:
+# `output * (1.0 + self.weight.float())` in models/{gemma,gemma2,gemma3,qwen3_next,qwen3_5,qwen3_5_moe}/modeling_*.py).
+# Read as a plain scale, the final norm would zero a freshly initialised Qwen3-Next's states and skew a trained one's:
+# the final-state check caught it on the support matrix's tiny Qwen3-Next (tests/test_families.py).
+OFFSET_NORM_TYPES = {"gemma", "gemma2", "gemma3", "gemma3_text", "qwen3_next", "qwen3_5", "qwen3_5_text", "qwen3_5_moe",
+                     "qwen3_5_moe_text"}
+
+
 def load_verifier_head(model_path: str | Path, trust_remote_code: bool = False) -> VerifierHead:
     """Read embed_tokens, the final norm and lm_head from the verifier's safetensors (only those tensors)."""
     from safetensors import safe_open
@@ -266,5 +274,7 @@ def load_verifier_head(model_path: str | Path, trust_remote_code: bool = False) 
         with safe_open(str(names[name]), framework="pt") as f:
             return f.get_tensor(name)
 
-    e = get(emb)
-    return VerifierHead(e, get(norm), e if head == emb else get(head), float(getattr(cfg, "rms_norm_eps", 1e-6)), cfg)
+    e, w = get(emb), get(norm)
+    if getattr(cfg, "model_type", None) in OFFSET_NORM_TYPES:
+        w = w.float() + 1.0  # stored as an offset from 1: x * (1 + w). Folded here, so every user applies x * w
+    return VerifierHead(e, w, e if head == emb else get(head), float(getattr(cfg, "rms_norm_eps", 1e-6)), cfg)

