@@ -94,9 +94,39 @@ def family_tokenizer(template: str, out_dir: Path) -> Any:
     return fast
 
 
-def build_family(name: str, out_dir: Path | str, seed: int = 0) -> Path:
-    """The tiny model of family `name` in out_dir (config.json, safetensors, tokenizer, chat template); rebuilt only
-    when absent. A shipped verifier (DeepSeek-V3: tiny-kimi) is returned from the build cache instead."""
+def teach(model: Any, tok: Any, steps: int, seed: int = 0, seq: int = 256, batch: int = 8) -> list[float]:
+    """A few hundred steps of next-token training on the tiny corpus rendered with the family's chat template, so the
+    verifier answers like the corpus (a random one's greedy text is unpredictable: a drafter trained on it served at
+    tau 1.01, llama3, measured). Returns the losses."""
+    import torch
+
+    from eagle3lib.tiny import corpus
+
+    torch.manual_seed(seed)
+    ids: list[int] = []
+    for s in corpus.samples(seed + 100, steps * batch * seq // 60 + 100):  # ~60 tokens per conversation
+        ids += tok.apply_chat_template(s["messages"], tokenize=True, return_dict=True)["input_ids"] + [tok.pad_token_id]
+    rows = torch.tensor(ids[: len(ids) // seq * seq]).view(-1, seq)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.0)
+    model.train()
+    losses = []
+    for step in range(steps):
+        for g in opt.param_groups:  # 20 warm-up steps, then constant
+            g["lr"] = 3e-3 * min(1.0, (step + 1) / 20)
+        x = rows[torch.randint(len(rows), (batch,))]
+        loss = model(input_ids=x, labels=x).loss
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        losses.append(float(loss.detach()))
+    return losses
+
+
+def build_family(name: str, out_dir: Path | str, seed: int = 0, teach_steps: int = 0) -> Path:
+    """The tiny model of family `name` in out_dir (config.json, safetensors, tokenizer, chat template), random or
+    taught for `teach_steps`; rebuilt only when absent. A shipped verifier (DeepSeek-V3: tiny-kimi, trained) is
+    returned from the build cache instead."""
     import torch
     import transformers
 
@@ -119,8 +149,12 @@ def build_family(name: str, out_dir: Path | str, seed: int = 0) -> Path:
                                                      "bos_token_id": None})
     cfg.architectures = [fam.architecture]
     torch.manual_seed(seed)
-    model = getattr(transformers, fam.architecture)(cfg).eval()
-    model.save_pretrained(tmp, safe_serialization=True)
+    model = getattr(transformers, fam.architecture)(cfg)
+    losses = teach(model, tok, teach_steps, seed) if teach_steps else []
+    model.eval().save_pretrained(tmp, safe_serialization=True)
+    (tmp / "build_report.json").write_text(json.dumps({"family": name, "teach_steps": teach_steps, "seed": seed,
+                                                       "first_loss": losses[0] if losses else None,
+                                                       "last_loss": losses[-1] if losses else None}))
     (tmp / "generation_config.json").write_text(json.dumps({"eos_token_id": [tok.eos_token_id], "do_sample": False}))
     shutil.rmtree(out, ignore_errors=True)
     tmp.rename(out)
