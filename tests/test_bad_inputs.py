@@ -166,6 +166,16 @@ def test_verifier_specific_settings_fail_before_any_server(capsys, tmp_path, tin
     assert not run.exists()
 
 
+def test_a_missing_dataset_fails_before_the_verifier_server_starts(capsys, tmp_path):
+    """The runner starts one verifier server for generate and evaluate before the stages: a dataset path that does
+    not exist is named first (it was found 30 s into a run, after the server was up)."""
+    run = tmp_path / "run"
+    code, err = cli(capsys, "run", "--run-dir", str(run), "--stages", "generate,extract", "--set",
+                    f"generate.dataset={tmp_path / 'none.jsonl'}", "--set", "extract.source=data/absent.jsonl")
+    assert code == 2 and f"generate.dataset: no such file: {tmp_path / 'none.jsonl'}" in err, err
+    assert "extract.source: no such file: data/absent.jsonl" in err and not run.exists()
+
+
 def test_a_global_batch_the_processes_cannot_share_is_a_parameter_error(capsys):
     code, err = cli(capsys, "params", "--set", "train.nproc_per_node=3")
     assert code == 2 and "tiny.yaml:46: train.batch_rows (2) must be a multiple of processes x micro_batch_rows (3 x 1)" \

@@ -25,6 +25,9 @@ def preflight(prof: Any, stage_names: list[str]) -> None:
 
     if stage_names and all(s in ANALYSIS_STAGES for s in stage_names):
         return
+    missing = missing_datasets(prof, stage_names)
+    if missing:  # before the runner starts a verifier server for generate (~30 s on CPU, minutes for a large model)
+        raise ParamsError("\n".join(f"{prof.path}: {p}" for p in missing))
     vcfg = prof.verifier
     if missing_local_folder(vcfg.model):
         raise ParamsError(f"{prof.path}: verifier.model: no such folder: {vcfg.model}")
@@ -47,6 +50,21 @@ def preflight(prof: Any, stage_names: list[str]) -> None:
         problems += train_launch_problems(tcfg, torch.cuda.is_available())
     if problems:
         raise ParamsError("\n".join(f"{prof.path}: {p}" for p in problems))
+
+
+def missing_datasets(prof: Any, stage_names: list[str]) -> list[str]:
+    """The local dataset files the stages would read that do not exist (builtin and hub datasets are not checked)."""
+    from pathlib import Path
+
+    from eagle3lib.data.datasets import BUILTIN, HUB_PREFIX
+
+    wanted = []
+    if "generate" in stage_names:
+        wanted.append(("generate.dataset", prof.section("generate").dataset))
+    if "extract" in stage_names and prof.section("extract").source != "generate":
+        wanted.append(("extract.source", prof.section("extract").source))
+    return [f"{key}: no such file: {path} (relative paths are from the directory the run starts in)"
+            for key, path in wanted if path not in BUILTIN and not path.startswith(HUB_PREFIX) and not Path(path).exists()]
 
 
 def train_launch_problems(tcfg: Any, cuda: bool) -> list[str]:
