@@ -166,6 +166,7 @@ def main() -> int:
     ap.add_argument("--teach-steps", type=int, default=150, help="next-token steps on the tiny corpus per family model")
     ap.add_argument("--force", action="store_true", help="measure again families that have a row")
     args = ap.parse_args()
+    sha = commit()  # at the start: the library a run's subprocesses load is the checkout's as it is now
     out = args.out.resolve()
     (out / "rows").mkdir(parents=True, exist_ok=True)
     data = out / "conversations.jsonl"
@@ -176,13 +177,12 @@ def main() -> int:
         if f.exists() and not args.force:
             continue
         print(f"[matrix] {name} ...", flush=True)
-        row = family_row(name, out, data, args.teach_steps)
+        row = {**family_row(name, out, data, args.teach_steps), "commit": sha}
         f.write_text(json.dumps(row, indent=1))
         print(f"[matrix] {name}: {row.get('reason') or 'every step passed'} ({row['seconds']} s)", flush=True)
     rows = [json.loads((out / "rows" / f"{f.name}.json").read_text()) for f in FAMILIES
             if (out / "rows" / f"{f.name}.json").exists()]
-    sha = commit()
-    md = table(rows, sha)
+    md = table(rows, ", ".join(sorted({r.get("commit", sha) for r in rows})))
     (out / "model_matrix.md").write_text(md)
     (out / "model_matrix.json").write_text(json.dumps({"commit": sha, "command": " ".join(sys.argv),
                                                        "teach_steps": args.teach_steps, "rows": rows}, indent=1))

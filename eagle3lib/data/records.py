@@ -30,7 +30,9 @@ from typing import Any
 from eagle3lib.core.atomic import write_error
 from eagle3lib.data.datasets import Conversation
 
-STATUSES = ("ok", "truncated", "empty", "failed")
+# partial: an answered turn of a conversation regenerated turn by turn (generate.turns: all) that has more to come;
+# never training data, and the next run continues from it
+STATUSES = ("ok", "truncated", "empty", "failed", "partial")
 FINAL_STATUSES = ("ok", "truncated", "empty")  # outcomes of the model itself: asking again gives the same kind of answer
 SHARD_RE = re.compile(r"^shard-(\d{5,})\.jsonl$")
 LOCK_FILE = ".writer.lock"

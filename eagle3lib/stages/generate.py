@@ -38,7 +38,9 @@ from eagle3lib.core.async_run import run_coroutine
 from eagle3lib.core.atomic import write_json_atomic
 from eagle3lib.core.manifest import StageTimer, read_manifest, update_manifest
 from eagle3lib.core.progress import progress_bar
-from eagle3lib.data.datasets import Conversation, DatasetError, LoadStats, load_conversations, resolve_path
+from eagle3lib.data.datasets import Conversation, DatasetError, resolve_path
+from eagle3lib.data.multi_turn import resume_turn
+from eagle3lib.data.prompt_set import Prompts, load_prompts
 from eagle3lib.data.records import FINAL_STATUSES, STATUSES, ReadStats, ShardWriter, latest_records, list_shards
 from eagle3lib.vllm.client import ChatResult, RetryPolicy, ServerDown, chat_payload, chat_with_retries
 from eagle3lib.vllm.dispatch import Lane, dispatch, shares
@@ -49,51 +51,11 @@ KEY_FILE = "generate_key.json"
 # What decides which prompts, in which order, and how they are answered. Everything else may change between runs,
 # max_samples included: the order does not depend on it, so raising it extends a run with more prompts.
 KEY_FIELDS = ("dataset", "shuffle", "seed", "max_tokens", "temperature", "top_p", "request_seed",
-              "chat_template_kwargs", "extra_body")
+              "chat_template_kwargs", "extra_body", "turns")
 
 
 class GenerateError(RuntimeError):
     pass
-
-
-# ----------------------------------------------------------------------------------------------------------- prompts
-
-
-@dataclass
-class Prompts:
-    items: list[Conversation]  # prompts to answer: the conversation up to its last user turn, in run order
-    load: LoadStats
-    skipped_no_user_turn: int = 0
-    skipped_empty_user_turn: int = 0  # the turn to answer is empty or null: nothing to answer, no training signal
-    duplicate_ids: int = 0  # skipped with on_bad_record=skip (counted in bad_records too)
-
-
-def load_prompts(cfg) -> Prompts:
-    """The stage's prompts: dataset -> shuffled -> prompt() -> capped at max_samples. Bad records per on_bad_record."""
-    stats = LoadStats()
-    convs = load_conversations(cfg.dataset, on_bad_record=cfg.on_bad_record, shuffle=cfg.shuffle, seed=cfg.seed, stats=stats)
-    out = Prompts([], stats)
-    seen: dict[str, str] = {}
-    for c in convs:
-        prompt = c.prompt()
-        if prompt is None:
-            out.skipped_no_user_turn += 1
-            continue
-        if not str(prompt[-1].get("content") or "").strip():
-            out.skipped_empty_user_turn += 1
-            continue
-        if c.id in seen:  # an explicit id used twice: outputs are keyed by id, so this would lose one of them
-            if cfg.on_bad_record == "error":
-                raise DatasetError(f"{c.source}: id {c.id!r} already used at {seen[c.id]} (ids must be unique; "
-                                   "or set generate.on_bad_record: skip)")
-            out.duplicate_ids += 1
-            stats.bad_records += 1
-            continue
-        seen[c.id] = c.source
-        out.items.append(Conversation(c.id, prompt, c.category, c.source, c.extra, c.tools))
-        if cfg.max_samples is not None and len(out.items) >= cfg.max_samples:
-            break
-    return out
 
 
 # ------------------------------------------------------------------------------------------------------------ records
@@ -110,23 +72,34 @@ def classify(result: ChatResult) -> str:
 def make_record(conv: Conversation, result: ChatResult | None, error: str | None, attempts: int,
                 reasoning_tokens: int | None = None) -> dict[str, Any]:
     messages = list(conv.messages)
+    status = classify(result) if result is not None else "failed"
     if result is not None:
         answer = {"role": "assistant", "content": result.content or "", "reasoning_content": result.reasoning or ""}
         if result.tool_calls:  # a server with a tool-call parser returns the verifier's calls parsed out of its text
             answer["tool_calls"] = result.tool_calls
         messages.append(answer)
+    turn = {}
+    if "turn" in conv.extra:  # generate.turns all (eagle3lib/data/multi_turn.py)
+        k, n = conv.extra["turn"], conv.extra["turns"]
+        turn = {"turn": k, "turns": n}
+        if status == "ok" and k < n:
+            status = "partial"
+        elif status in ("truncated", "empty") and k > 1:  # turns 1..k-1 are whole verifier answers: keep them
+            messages, status, turn["stopped_at_turn"] = messages[: conv.extra["answered"]], "ok", k
+    carried = conv.extra.get("carried_tokens", (0, 0))  # the earlier turns': a record counts its whole conversation
     return {
         "id": conv.id,
         **({"tools": conv.tools} if conv.tools else {}),
         "category": conv.category,
-        "status": classify(result) if result is not None else "failed",
+        "status": status,
         "messages": messages,
         "finish_reason": result.finish_reason if result is not None else None,
-        "prompt_tokens": result.prompt_tokens if result is not None else 0,
-        "completion_tokens": result.completion_tokens if result is not None else 0,
+        "prompt_tokens": carried[0] + (result.prompt_tokens if result is not None else 0),
+        "completion_tokens": carried[1] + (result.completion_tokens if result is not None else 0),
         "error": error,
         "attempts": attempts,
         "reasoning_tokens": reasoning_tokens,  # the server's count (vLLM with a reasoning parser), else null
+        **turn,
     }
 
 
@@ -147,7 +120,7 @@ def check_run_key(gen_dir: Path, key: dict[str, Any]) -> None:
     """Refuse to add records made with other settings to a folder that already has some."""
     path = gen_dir / KEY_FILE
     if list_shards(gen_dir):
-        old = _saved_key(gen_dir)
+        old = {"turns": "last", **_saved_key(gen_dir)}  # folders from before generate.turns answered the last turn
         diffs = [f"{k}: {old[k]!r} -> {key[k]!r}" for k in sorted(set(old) & set(key)) if old[k] != key[k]]
         if diffs:
             raise GenerateError(f"{gen_dir} holds records generated with other settings ({'; '.join(diffs)}); "
@@ -221,6 +194,7 @@ def dataset_figures(prompts: Prompts, latest: dict[str, tuple[dict[str, Any], st
         "samples_truncated": counts["truncated"],
         "samples_empty": counts["empty"],
         "samples_missing": len(prompts.items) - done,  # 0 when the run completed
+        **_turn_figures(prompts, latest),
         "skipped_no_user_turn": prompts.skipped_no_user_turn,
         "skipped_empty_user_turn": prompts.skipped_empty_user_turn,
         "bad_records": prompts.load.bad_records,
@@ -229,6 +203,19 @@ def dataset_figures(prompts: Prompts, latest: dict[str, tuple[dict[str, Any], st
         "output_tokens": output_tokens,
         "reasoning_tokens_est": round(reasoning_est),  # the server's count where given, else split by characters
     }
+
+
+def _turn_figures(prompts: Prompts, latest: dict[str, tuple[dict[str, Any], str]]) -> dict[str, Any]:
+    """generate.turns all: conversations regenerated turn by turn, their turns answered, those cut short."""
+    if not prompts.originals and not prompts.tools_last_turn:
+        return {}
+    recs = [latest[i][0] for i in prompts.originals if i in latest]
+    return {"multi_turn_conversations": len(prompts.originals),
+            "turns_answered": sum(r.get("stopped_at_turn", r.get("turn", 1) + 1) - 1 for r in recs
+                                  if r.get("status") in ("ok", "partial")),
+            "samples_partial": sum(r.get("status") == "partial" for r in recs),  # 0 when the run completed
+            "stopped_at_a_turn": sum("stopped_at_turn" in r for r in recs),  # a later turn cut off: earlier ones kept
+            "tools_last_turn_only": prompts.tools_last_turn}
 
 
 # ---------------------------------------------------------------------------------------------------------- the run
@@ -363,10 +350,10 @@ def generate(cfg, verifier_cfg, out_dir: str | Path, *, manifest_params: dict[st
         t_start = time.monotonic()
         done_statuses = set(FINAL_STATUSES) | (set() if cfg.retry_failed else {"failed"})
         latest = latest_records(out_dir)
-        pending = [c for c in prompts.items if c.id not in latest or latest[c.id][0].get("status") not in done_statuses]
+        pending = to_send(prompts, latest, done_statuses)
         stats = RunStats()
         figures: dict[str, Any] = {"concurrency": cfg.concurrency, "samples_resumed": len(prompts.items) - len(pending),
-                                   "torn_bytes_repaired": writer.repaired_bytes}
+                                   "torn_bytes_repaired": writer.repaired_bytes, "turns": cfg.turns}
         wall = 0.0
         try:
             if pending:
@@ -378,7 +365,13 @@ def generate(cfg, verifier_cfg, out_dir: str | Path, *, manifest_params: dict[st
                     figures["server_version"] = endpoints[0].info().get("server_version")
                     urls = [_strip_secrets(e.base_url) for e in endpoints]
                     figures["server_url"] = urls[0] if len(urls) == 1 else urls
-                    wall = run_coroutine(_answer_all(pending, endpoints, cfg, writer, stats, server, cfg.server_restarts))
+                    while pending:  # turns "all": one round per turn, each from the previous round's answers
+                        wall += run_coroutine(_answer_all(pending, endpoints, cfg, writer, stats, server,
+                                                          cfg.server_restarts))
+                        sent = {c.id for c in pending}
+                        latest = latest_records(out_dir)
+                        pending = [c for c in to_send(prompts, latest, done_statuses) if c.id in sent
+                                   and latest[c.id][0].get("status") == "partial"]
         except BaseException as e:
             writer.sync()
             if stats.generated:
@@ -403,6 +396,20 @@ def generate(cfg, verifier_cfg, out_dir: str | Path, *, manifest_params: dict[st
     timer.finish(figures, {"shards": shards, "key": KEY_FILE})
     _print_summary(figures, stats)
     return {"figures": figures, "outputs": {"shards": shards}}
+
+
+def to_send(prompts: Prompts, latest: dict[str, tuple[dict[str, Any], str]], done_statuses: set[str]) -> list[Conversation]:
+    """The prompts to send now: those without a finished record; a conversation regenerated turn by turn continues
+    at the turn after its latest answered one (or retries the turn that failed)."""
+    out = []
+    for c in prompts.items:
+        rec = latest[c.id][0] if c.id in latest else None
+        if rec is None:
+            out.append(c)
+        elif rec.get("status") not in done_statuses:
+            turn = resume_turn(prompts.originals[c.id], rec) if c.id in prompts.originals else None
+            out.append(turn or c)
+    return out
 
 
 @contextmanager
