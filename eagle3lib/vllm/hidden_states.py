@@ -32,7 +32,7 @@ from eagle3lib.config.verifier import aux_order_problem
 from eagle3lib.data.chat_tokens import Tokenized
 from eagle3lib.vllm.endpoint import ServerError, http_client
 from eagle3lib.vllm.measure import FULL_SOFTMAX
-from eagle3lib.vllm.server import server_for_verifier
+from eagle3lib.vllm.server import log_cause, server_for_verifier
 
 CONNECTOR = "EagleHiddenStatesConnector"
 CONNECTOR_MODULE = "eagle3lib.vllm.connector"
@@ -185,7 +185,9 @@ class VLLMExtractor:
                     raise ServerError(f"sample {sample.id!r}: vLLM request failed: {type(e).__name__}: {e}") from e
                 time.sleep(2.0 * (attempt + 1))
         if r.status_code != 200:
-            raise ServerError(f"sample {sample.id!r} ({len(ids)} tokens): vLLM answered HTTP {r.status_code}: {r.text[:500]}")
+            cause = log_cause(self.server.log_path) if self.server is not None and r.status_code >= 500 else None
+            raise ServerError(f"sample {sample.id!r} ({len(ids)} tokens): vLLM answered HTTP {r.status_code}: "
+                              + (f"its log ({self.server.log_path}) names {cause}" if cause else r.text[:500]))
         params = r.json().get("kv_transfer_params") or {}
         path = params.get("hidden_states_path")
         if not path:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -42,6 +43,23 @@ def _tail(path: Path, n: int = 40) -> str:
         return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
     except OSError:
         return "(no log)"
+
+
+_CAUSE = re.compile(r"\b(\w+(?:Error|Exception)): (.+)$")
+_WRAPPERS = {"EngineDeadError", "RuntimeError"}  # vLLM's wrappers around a worker's own exception
+
+
+def log_cause(path: Path | None) -> str | None:
+    """The exception a vLLM server's log names as the root cause: its last `XError: message` line that is not one of
+    vLLM's wrappers (an HTTP 500 says only "EngineCore encountered an issue")."""
+    try:
+        lines = path.read_text(errors="replace").splitlines() if path else []
+    except OSError:
+        return None
+    found = [m for line in lines if (m := _CAUSE.search(line))]
+    own = [m for m in found if m.group(1) not in _WRAPPERS]
+    best = (own or found or [None])[-1]
+    return f"{best.group(1)}: {best.group(2).strip()}" if best else None
 
 
 def wait_healthy(base_url: str, timeout_s: float, proc: subprocess.Popen | None = None, log: Path | None = None,
