@@ -137,14 +137,13 @@ def assistant_char_spans(tok: Any, messages: list[dict[str, Any]], full: str, kw
                                     f"(generation prompt {header!r} not found)")
             start = k + len(header)
         upto = tok.apply_chat_template(messages[: i + 1], tokenize=False, **kwargs)
-        limit = len(upto) if full.startswith(upto) and len(upto) > start else len(full)
         exact = full.startswith(upto) and len(upto) > start  # this turn's own rendering ends at `limit`
-        if exact:  # its last marker ends it: a turn can hold several (gpt-oss: analysis<|end|> then final<|end|>)
-            ends = [p + len(mk) for mk in end_markers if (p := full.rfind(mk, start, limit)) >= 0]
-        else:
-            ends = [p + len(mk) for mk in end_markers if (p := full.find(mk, start, limit)) >= 0]
+        limit = len(upto) if exact else len(full)
+        # known end: its last marker ends it (a turn can hold several: gpt-oss's analysis<|end|> then final<|end|>)
+        find, pick = (full.rfind, max) if exact else (full.find, min)
+        ends = [p + len(mk) for mk in end_markers if (p := find(mk, start, limit)) >= 0]
         if ends:
-            end = max(ends) if exact else min(ends)
+            end = pick(ends)
         elif limit < len(full) or full.startswith(upto):
             end = len(full[:limit].rstrip())
         else:

@@ -47,7 +47,7 @@ def load_prompts(cfg) -> Prompts:
             continue
         seen[c.id] = c.source
         item = Conversation(c.id, prompt, c.category, c.source, c.extra, c.tools)
-        if getattr(cfg, "turns", "last") == "all":
+        if cfg.turns == "all":
             if (first := first_turn(c)) is not None:
                 item = first
                 out.originals[c.id] = c

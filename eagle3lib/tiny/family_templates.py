@@ -84,17 +84,20 @@ MISTRAL = (
     "{%- endfor -%}"
 )
 
-# template name -> (its text, special tokens it needs, eos, pad)
-TEMPLATES: dict[str, tuple[str, tuple[str, ...], str, str]] = {
+# template name -> (its text, special tokens it needs, eos, pad, the marker that ends an assistant turn: what
+# `eagle3lib init` must find; GLM has none, a turn ends where the next role begins, so the tokenizer's eos)
+TEMPLATES: dict[str, tuple[str, tuple[str, ...], str, str, str]] = {
     "llama3": (LLAMA3, ("<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>",
-                        "<|eot_id|>"), "<|eot_id|>", "<|end_of_text|>"),
-    "chatml": (CHATML_THINK, ("<|endoftext|>", "<|im_start|>", "<|im_end|>"), "<|im_end|>", "<|endoftext|>"),
+                        "<|eot_id|>"), "<|eot_id|>", "<|end_of_text|>", "<|eot_id|>"),
+    "chatml": (CHATML_THINK, ("<|endoftext|>", "<|im_start|>", "<|im_end|>"), "<|im_end|>", "<|endoftext|>",
+               "<|im_end|>"),
     "harmony": (HARMONY, ("<|startoftext|>", "<|endoftext|>", "<|start|>", "<|channel|>", "<|message|>", "<|end|>",
-                          "<|return|>"), "<|return|>", "<|endoftext|>"),
+                          "<|return|>"), "<|return|>", "<|endoftext|>", "<|end|>"),
     "glm": (GLM, ("[gMASK]", "<sop>", "<|endoftext|>", "<|system|>", "<|user|>", "<|assistant|>"), "<|endoftext|>",
-            "<|endoftext|>"),
-    "minimax": (MINIMAX, ("]~!b[", "]~b]", "[e~[", "<|pad|>"), "[e~[", "<|pad|>"),
-    "gemma": (GEMMA, ("<bos>", "<eos>", "<pad>", "<start_of_turn>", "<end_of_turn>"), "<end_of_turn>", "<pad>"),
+            "<|endoftext|>", "<|endoftext|>"),
+    "minimax": (MINIMAX, ("]~!b[", "]~b]", "[e~[", "<|pad|>"), "[e~[", "<|pad|>", "[e~["),
+    "gemma": (GEMMA, ("<bos>", "<eos>", "<pad>", "<start_of_turn>", "<end_of_turn>"), "<end_of_turn>", "<pad>",
+              "<end_of_turn>"),
     "mistral": (MISTRAL, ("<s>", "</s>", "<pad>", "[INST]", "[/INST]", "[SYSTEM_PROMPT]", "[/SYSTEM_PROMPT]"), "</s>",
-                "<pad>"),
+                "<pad>", "</s>"),
 }
