@@ -34,8 +34,9 @@ def _complete_stage(run: Path, name: str, files: dict[str, str]) -> None:
 
 @pytest.mark.slow
 def test_forced_rerun_that_fails_restores_the_finished_outputs(tmp_path):
-    """The two data-loss cases: a forced generate with a dataset that does not exist must not delete the finished
-    responses, and the extract stage after it must not count that failed attempt as new input."""
+    """The two data-loss cases: a forced generate whose dataset has no prompt must not delete the finished responses,
+    and the extract stage after it must not count that failed attempt as new input. (A dataset file that does not
+    exist is refused earlier, by the preflight, before any stage starts: the outputs are not touched either.)"""
     run = tmp_path / "run"
     _complete_stage(run, "generate", {"shard-00000.jsonl": '{"id": "a", "status": "ok"}\n'})
     _complete_stage(run, "extract", {})
@@ -44,7 +45,13 @@ def test_forced_rerun_that_fails_restores_the_finished_outputs(tmp_path):
     r = subprocess.run([sys.executable, "-m", "eagle3lib", "run", "--run-dir", str(run), "--stages", "generate",
                         "--force", "--set", f"generate.dataset={tmp_path / 'missing.jsonl'}"],
                        capture_output=True, text=True)
-    assert r.returncode == 1 and "dataset not found" in r.stderr and "were restored" in r.stderr, r.stderr
+    assert r.returncode == 2 and "generate.dataset: no such file" in r.stderr, r.stderr
+    assert tree_digest(run / "generate") == before["generate"]
+    (tmp_path / "empty.jsonl").write_text("")  # exists: the stage itself fails, after the runner set the outputs aside
+    r = subprocess.run([sys.executable, "-m", "eagle3lib", "run", "--run-dir", str(run), "--stages", "generate",
+                        "--force", "--set", f"generate.dataset={tmp_path / 'empty.jsonl'}"],
+                       capture_output=True, text=True)
+    assert r.returncode == 1 and "no prompt to answer" in r.stderr and "were restored" in r.stderr, r.stderr
     assert "Traceback" not in r.stderr
     assert tree_digest(run / "generate") == before["generate"]
     r = subprocess.run([sys.executable, "-m", "eagle3lib", "run", "--run-dir", str(run), "--stages", "extract"],
