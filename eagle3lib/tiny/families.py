@@ -68,7 +68,11 @@ FAMILIES: list[Family] = [
            {**MOE, "n_routed_experts": 4, "n_shared_experts": 1, "first_k_dense_replace": 1, "n_group": 1,
             "topk_group": 1, "use_qk_norm": True}, note="first layer dense, sigmoid router, shared expert"),
     Family("minimax_m2", "MiniMax-M2", "MiniMaxM2Config", "MiniMaxM2ForCausalLM", "minimax",
-           {"num_local_experts": 4, "num_experts_per_tok": 2, "intermediate_size": 64}, note="every layer MoE"),
+           {"num_local_experts": 4, "num_experts_per_tok": 2, "intermediate_size": 64,
+            # keys of the released checkpoints' config.json that vLLM's minimax_m2.py reads and transformers' config
+            # class does not write: RoPE on half of each head, the sigmoid router with its score-correction bias
+            "rotary_dim": 32, "scoring_func": "sigmoid", "use_routing_bias": True},
+           note="every layer MoE (sigmoid router), RoPE on half of each head"),
     Family("gemma4", "Gemma 4", "Gemma4TextConfig", "Gemma4ForCausalLM", "gemma",
            {"sliding_window": 64, "hidden_size_per_layer_input": 0,
             "num_kv_shared_layers": 0}, note="sliding/full layers, logit soft-capping, the `model` role"),

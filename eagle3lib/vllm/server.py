@@ -46,18 +46,34 @@ def _tail(path: Path, n: int = 40) -> str:
 
 
 _CAUSE = re.compile(r"\b(\w+(?:Error|Exception)): (.+)$")
-_WRAPPERS = {"EngineDeadError", "RuntimeError"}  # vLLM's wrappers around a worker's own exception
+_WRAPPERS = {"EngineDeadError", "RuntimeError", "Exception"}  # vLLM's wrappers around a worker's own exception
+# A bare `assert` in vLLM (how it refuses a configuration it has no kernel for) raises an exception with no message, or
+# under torch.compile "Unsupported: Data-dependent assertion failed": the traceback's frame names the file and the
+# asserted condition, which is the cause a user needs ("assert self.scoring_func == 'softmax'" in the CPU MoE router).
+_FRAME = re.compile(r'File "(?:.*/site-packages/)?([^"]+)", line (\d+)')
+_ASSERT = re.compile(r"^\s*(assert .+?)\s*$")
+
+
+def _failed_assert(lines: list[str]) -> str | None:
+    """The last `assert` source line of a traceback in the log, with its file and line."""
+    body = [line.split("] ", 1)[-1] if "] " in line else line for line in lines]
+    for i in range(len(body) - 1, 0, -1):
+        if (a := _ASSERT.match(body[i])) and (f := _FRAME.search(body[i - 1])):
+            return f"AssertionError in {f.group(1)}:{f.group(2)}: {a.group(1)}"
+    return None
 
 
 def log_cause(path: Path | None) -> str | None:
     """The exception a vLLM server's log names as the root cause: its last `XError: message` line that is not one of
-    vLLM's wrappers (an HTTP 500 says only "EngineCore encountered an issue")."""
+    vLLM's wrappers (an HTTP 500 says only "EngineCore encountered an issue"), or the failed `assert` line."""
     try:
         lines = path.read_text(errors="replace").splitlines() if path else []
     except OSError:
         return None
-    found = [m for line in lines if (m := _CAUSE.search(line))]
+    found = [m for line in lines if " WARNING " not in line and (m := _CAUSE.search(line))]  # not the ulimit advice
     own = [m for m in found if m.group(1) not in _WRAPPERS]
+    if not own and (asserted := _failed_assert(lines)):
+        return asserted
     best = (own or found or [None])[-1]
     return f"{best.group(1)}: {best.group(2).strip()}" if best else None
 
@@ -67,7 +83,9 @@ def wait_healthy(base_url: str, timeout_s: float, proc: subprocess.Popen | None 
     deadline = time.time() + timeout_s
     while time.time() < deadline:
         if proc is not None and proc.poll() is not None:
-            raise ServerError(f"vLLM server exited with code {proc.returncode} during start-up; log tail ({log}):\n{_tail(log)}")
+            cause = log_cause(log)
+            raise ServerError(f"vLLM server exited with code {proc.returncode} during start-up"
+                              f"{f' ({cause})' if cause else ''}; log tail ({log}):\n{_tail(log)}")
         try:
             if httpx.get(f"{base_url}/health", headers=headers or {}, timeout=5).status_code == 200:
                 return
