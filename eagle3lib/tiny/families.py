@@ -107,8 +107,11 @@ def teach(model: Any, tok: Any, steps: int, seed: int = 0, seq: int = 256, batch
 
     torch.manual_seed(seed)
     ids: list[int] = []
+    # conversations end with the eos token, not the pad token: the pad row of an HF embedding is zero, and Gemma's
+    # norms of an all-zero state (v_norm, sandwich norms) scale its gradient by 1/sqrt(eps) per norm: 1e33 by layer 4,
+    # then NaN (tiny Gemma 4, measured)
     for s in corpus.samples(seed + 100, steps * batch * seq // 60 + 100):  # ~60 tokens per conversation
-        ids += tok.apply_chat_template(s["messages"], tokenize=True, return_dict=True)["input_ids"] + [tok.pad_token_id]
+        ids += tok.apply_chat_template(s["messages"], tokenize=True, return_dict=True)["input_ids"] + [tok.eos_token_id]
     rows = torch.tensor(ids[: len(ids) // seq * seq]).view(-1, seq)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.0)
     model.train()
