@@ -96,9 +96,17 @@ def test_the_site_opens_from_the_file_system_and_navigates_to_the_reference(brow
         page.goto(f"http://127.0.0.1:{server.server_address[1]}/index.html")
         search = page.locator("input[data-md-component=search-query]")
         search.click()
-        search.fill("packed_row_tokens")
+        # the theme searches on keyup, and on the worker's "ready" with whatever the box then holds: a fill() (no key
+        # events) that lands after the worker is ready is never searched, which failed one CI run. So wait for
+        # ready, then type key by key, as a reader does
+        meta = page.locator(".md-search-result__meta")
+        page.wait_for_function("() => !/Initializing/i.test(document.querySelector('.md-search-result__meta')"
+                               "?.textContent ?? 'Initializing')", timeout=90_000)
+        search.press_sequentially("packed_row_tokens")
         try:
-            page.locator(".md-search-result__item").first.wait_for(timeout=15_000)
+            page.locator(".md-search-result__item").first.wait_for(timeout=60_000)
+        except Exception as e:
+            raise AssertionError(f"no search result; the theme says {meta.text_content()!r}") from e
         finally:
             _screenshot(page, "docs_search.png", _shots(tmp_path))
         hrefs = [a.get_attribute("href") for a in page.locator(".md-search-result__item a").all()]
