@@ -7,8 +7,9 @@ then all measured through vLLM on the same held-out prompts and K (`evaluate.dra
 Each recipe trains in RUN/recipes/<name>/ (its own run directory whose generate/ and extract/ link to RUN's, so the
 data is the same and nothing is extracted twice; resumable, skipped when done), with the train stage's settings plus
 the recipe's `--set`s. The measurement is one evaluate run in RUN/recipes/compare/ over RUN's own drafter with the
-recipes' drafters beside it. Printed and written to RUN/recipes/compare/recipes.json: per recipe, the best validation's
-estimate, vLLM's greedy tau and the training time.
+recipes' drafters beside it (P-EAGLE's checkpoint served with `parallel_drafting: true`, the others as chains).
+Printed and written to RUN/recipes/compare/recipes.json: per recipe, the best validation's estimate, vLLM's greedy tau
+and the training time.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ RECIPES = {  # name -> train overrides (the train stage's own run is "kl", the d
     "tv": ["train.loss=tv"],
     "ce_argmax": ["train.loss=ce_argmax"],
     "eagle3.1": ["train.fc_norm=true", "train.norm_output=true"],
+    # P-EAGLE: all K drafts from one forward; served with parallel_drafting: true (eagle3lib/vllm/speculative_config.py)
+    "peagle": ["train.parallel_drafting=true"],
 }
 
 
