@@ -255,7 +255,7 @@ def _speculators_problems(d: dict[str, Any]) -> list[str]:
     if "model_type" in d:
         problems.append("a top-level model_type (vLLM then does not detect the speculators format)")
     if d.get("speculators_model_type") not in ("eagle3", "peagle"):
-        problems.append(f"speculators_model_type is {d.get('speculators_model_type')!r}, not 'eagle3'")
+        problems.append(f"speculators_model_type is {d.get('speculators_model_type')!r}, not 'eagle3' (or 'peagle')")
     spec = d.get("speculators_config")
     methods = spec.get("proposal_methods") if isinstance(spec, dict) else None
     if not isinstance(spec, dict):
@@ -325,6 +325,8 @@ def check_servable(ckpt_dir: str | Path) -> DrafterConfig:
             "lm_head.weight": (cfg.draft_vocab_size, cfg.hidden_size)}
     if cfg.draft_vocab_size != cfg.vocab_size:
         need["d2t"] = (cfg.draft_vocab_size,)  # without it vLLM loads, maps draft ids wrong and accepts nothing
+    if cfg.parallel_drafting:  # without it vLLM fills the masked slots with zeros and warns only
+        need["mask_hidden"] = (cfg.num_aux * cfg.hidden_size,)
     bad = [f"{k} {'missing' if k not in shapes else f'has shape {list(shapes[k])}'}, expected {list(v)}"
            for k, v in need.items() if shapes.get(k) != v]
     if bad:

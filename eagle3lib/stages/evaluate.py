@@ -53,7 +53,7 @@ from eagle3lib.vllm.measure import ServingError, measure_vllm
 from eagle3lib.vllm.server import has_cuda
 from eagle3lib.vllm.servers import Servers
 from eagle3lib.vllm.spec_metrics import MetricsError
-from eagle3lib.vllm.speculative_config import eagle3_speculative_config
+from eagle3lib.vllm.speculative_config import eagle3_speculative_config, served_as
 
 
 def _as_input_error(fn, *args, **kwargs):
@@ -224,6 +224,7 @@ def _run(ctx, cfg, vcfg, timer) -> dict[str, Any]:
                 own_estimate = ((train_m or {}).get("figures") or {}).get("val_tau_est")
                 results["drafters"] = compare_drafters(cfg, vcfg, model_path, others, prompts, k, out_dir, vkey,
                                                        (f"this run ({ckpt.name})", v["greedy"], own_estimate))
+                results["drafters"][0]["served_as"] = served_as(ckpt)
             measured = None
             if cfg.concurrency_sweep:
                 servers.close_all()  # each K's server measures alone

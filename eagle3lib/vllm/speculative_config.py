@@ -27,3 +27,8 @@ def eagle3_speculative_config(ckpt: str | Path, k: int) -> dict[str, Any]:
     if is_parallel_drafter(ckpt):
         spec["parallel_drafting"] = True
     return spec
+
+
+def served_as(ckpt: str | Path) -> str:
+    """How vLLM drafts with it, for the side-by-side tables: "parallel" (P-EAGLE) or "chain" (EAGLE-3)."""
+    return "parallel" if is_parallel_drafter(ckpt) else "chain"
