@@ -31,9 +31,8 @@ class TrainConfig(TorchrunConfig):
     norm_output: bool = False  # feed back the normed hidden state instead of the pre-norm one (vLLM flag, written)
     norm_before_fc: bool = False  # RMSNorm over the 3H features before fc (vLLM flag, written)
     fc_norm: bool = False  # one RMSNorm per auxiliary layer before fc (vLLM flag, written)
-    # P-EAGLE: train the drafter to propose all ttt_steps tokens in one forward (slots after the first read a mask token
-    # and a learned mask_hidden); written as speculators_model_type "peagle", served with parallel_drafting: true
-    parallel_drafting: bool = False
+    parallel_drafting: bool = False  # P-EAGLE: all ttt_steps drafts from one forward (slots after the first read a
+    # mask token and a learned mask_hidden); written as speculators_model_type "peagle", served with parallel_drafting
 
     # --- training-time test and loss
     ttt_steps: int = Field(3, ge=1)  # K drafted tokens trained per position; vLLM's num_speculative_tokens for the checkpoint
