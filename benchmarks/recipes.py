@@ -7,8 +7,9 @@ then all measured through vLLM on the same held-out prompts and K (`evaluate.dra
 Each recipe trains in RUN/recipes/<name>/ (its own run directory whose generate/ and extract/ link to RUN's, so the
 data is the same and nothing is extracted twice; resumable, skipped when done), with the train stage's settings plus
 the recipe's `--set`s. The measurement is one evaluate run in RUN/recipes/compare/ over RUN's own drafter with the
-recipes' drafters beside it. Printed and written to RUN/recipes/compare/recipes.json: per recipe, the best validation's
-estimate, vLLM's greedy tau and the training time.
+recipes' drafters beside it (P-EAGLE's checkpoint served with `parallel_drafting: true`, the others as chains).
+Printed and written to RUN/recipes/compare/recipes.json: per recipe, the best validation's estimate, vLLM's greedy tau
+and the training time.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ RECIPES = {  # name -> train overrides (the train stage's own run is "kl", the d
     "tv": ["train.loss=tv"],
     "ce_argmax": ["train.loss=ce_argmax"],
     "eagle3.1": ["train.fc_norm=true", "train.norm_output=true"],
+    # P-EAGLE: all K drafts from one forward; served with parallel_drafting: true (eagle3lib/vllm/speculative_config.py)
+    "peagle": ["train.parallel_drafting=true"],
 }
 
 
@@ -70,15 +73,16 @@ def main() -> None:
         row.update(val_tau_est=tm.get("best_val_tau_est"), train_s=tm.get("train_s"), steps=tm.get("steps"))
         got = side[i] if i < len(side) else {}  # row 0: the run's own drafter, from the main measurement
         row.update({k: v for k, v in got.items() if k.startswith("tau_ctx_")})  # per context bucket, when configured
+        row["served_as"] = got.get("served_as", "chain")
         row.update(tau_vllm_greedy=got.get("tau"), tokens_per_s=got.get("tokens_per_s"),
                    accept_rates=[got.get(f"accept_rate_pos_{j}") for j in range(1, 6) if got.get(f"accept_rate_pos_{j}")])
     (cdir / "recipes.json").write_text(json.dumps(rows, indent=2))
     ctx = [k for k in rows[0] if k.startswith("tau_ctx_")]
-    print(f"{'recipe':20} {'val est':>8} {'vLLM tau':>9} {'tok/s':>7} {'train s':>8}  acceptance per position"
+    print(f"{'recipe':20} {'served as':>9} {'val est':>8} {'vLLM tau':>9} {'tok/s':>7} {'train s':>8}  acceptance per position"
           + "".join(f"  {k.removeprefix('tau_'):>12}" for k in ctx))
     for r in rows:
         rates = " ".join(f"{x:.2f}" for x in r["accept_rates"])
-        print(f"{r['recipe']:20} {r['val_tau_est'] or 0:8.3f} {r['tau_vllm_greedy'] or 0:9.3f} "
+        print(f"{r['recipe']:20} {r['served_as']:>9} {r['val_tau_est'] or 0:8.3f} {r['tau_vllm_greedy'] or 0:9.3f} "
               f"{r['tokens_per_s'] or 0:7.0f} {r['train_s'] or 0:8.0f}  {rates}"
               + "".join(f"  {r.get(k) or 0:12.3f}" for k in ctx))
 

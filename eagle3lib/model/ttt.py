@@ -15,6 +15,9 @@ P_t = softmax(lm_head(norm(f_t))) = the verifier's distribution of x_{t+1}):
         step k target:  P_{t+1+k}   (the verifier's distribution of x_{t+2+k}), restricted to the draft vocabulary
         step k counted: t + 2 + k <= T - 1 and loss_mask[t+2+k]  (x_{t+2+k} is an assistant token)
         attention:      query (t, k) sees keys (s, 0) for s <= t of the same sample, and (t, j) for 1 <= j <= k
+    P-EAGLE (parallel_drafting): step k >= 1 reads the mask token and fc(mask_hidden) instead of x_{t+1+k} and
+    g_{k-1}, as vLLM's proposer fills the slots after the first (llm_base_proposer: one forward per round); targets,
+    positions and attention are the same, so the K outputs come from one forward at inference.
     Since RoPE depends only on position differences, positions t+k reproduce vLLM's geometry exactly (checked in
     tests/test_train_model.py against incremental decoding with a KV cache).
 
@@ -114,7 +117,11 @@ def run_ttt(d: Eagle3Drafter, aux: torch.Tensor, ids: torch.Tensor, pos: torch.T
             attn.set_step(k, sel)
             # the fed-back hidden states are laid out over the previous step's rows (a superset of these)
             idx = (torch.cumsum(used[k - 1].reshape(-1).long(), 0) - 1)[sel.reshape(-1)]
-            out, feed = d.decode(feed[idx][None], ids_k[sel][None], (pos + k)[sel][None], attn)
+            hid, tok = feed[idx], ids_k[sel]
+            if d.config.parallel_drafting:  # P-EAGLE: slot k reads the mask, not step k-1's state and token
+                hid, tok = d.mask_inputs(int(sel.sum()))
+                hid = hid.to(feed.dtype)
+            out, feed = d.decode(hid[None], tok[None], (pos + k)[sel][None], attn)
             feed = feed[0]
             yield k, sel, out[0]
 

