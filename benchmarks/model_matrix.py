@@ -33,11 +33,13 @@ from eagle3lib.tiny.families import BY_NAME, FAMILIES, build_family
 
 CONVERSATIONS = 300  # ~15K tokens: a training signal in ~40 s of training
 VLLM_SAMPLES = 16  # compared HF vs vLLM
+SETS_PROMPTS = "builtin:tiny-heldout"
+NEAR_TIE_NATS = 0.1  # a verifier choice this close is within bf16's reach (its logits are ~1% off fp32's)
 # the runner's settings for every family (a CPU run in ~3 minutes per family)
 SETS = ["extract.progress=false", "verifier.extra_server_args=[--enforce-eager]", "train.max_steps=200",
         "train.epochs=30", "train.nproc_per_node=1", "train.lr=3e-3", "train.warmup_steps=10",
         "train.packed_row_tokens=1024", "train.batch_rows=2", "train.log_every=20",
-        "evaluate.prompts=builtin:tiny-heldout", "evaluate.n_prompts=8", "evaluate.max_tokens=32",
+        f"evaluate.prompts={SETS_PROMPTS}", "evaluate.n_prompts=8", "evaluate.max_tokens=32",
         "evaluate.modes=[greedy]", "evaluate.library=false"]
 
 
@@ -144,6 +146,8 @@ def family_row(name: str, out: Path, data: Path, teach_steps: int) -> dict:
         e = manifest(run, "evaluate")
         row.update(vllm_speculative=True, tau_vllm_greedy=e["tau_vllm_greedy"],
                    greedy_identical=e["vllm_greedy_same_output_frac_spec_base"] == 1.0, vllm_speedup=e["vllm_speedup"])
+        if not row["greedy_identical"]:
+            row["divergences"] = divergences(model, run)
     except InitError as e:
         row.update(init=False, reason=str(e).split(": ", 1)[-1])
         if not eagle3_in_vllm([fam.architecture])[0]:  # HF extraction still runs for a family vLLM cannot draft for
@@ -153,6 +157,36 @@ def family_row(name: str, out: Path, data: Path, teach_steps: int) -> dict:
         row.update({step: False, "reason": f"{step}: {type(e).__name__}: {first[:300]}"})
     row["seconds"] = round(time.time() - t0, 1)
     return row
+
+
+def divergences(model: Path, run: Path) -> list[dict]:
+    """Where vLLM's greedy outputs with the drafter leave the verifier-alone outputs, and how close the verifier's
+    choice was there: the fp32 HF log-prob gap between the two tokens at the first differing position. Speculative
+    decoding scores K+1 tokens in one forward where the verifier alone scores one; in bf16 the two round differently,
+    and a gap of a few hundredths of a nat can flip (a drafter bug would diverge where the verifier is sure)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from eagle3lib.data.datasets import load_conversations
+
+    outs = {ph: json.loads((run / "evaluate" / "phases" / f"vllm_{ph}.json").read_text())["result"]["greedy"]["outputs"]
+            for ph in ("base", "spec")}
+    tok, hf = AutoTokenizer.from_pretrained(model), AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32)
+    convs = {str(c.id): c for c in load_conversations(SETS_PROMPTS)}
+    found = []
+    for pid, base in outs["base"].items():
+        spec = outs["spec"][pid]
+        if base == spec:
+            continue
+        n = next((i for i, (x, y) in enumerate(zip(base, spec)) if x != y), min(len(base), len(spec)))
+        if n == min(len(base), len(spec)):  # one stopped earlier: no competing token to compare
+            found.append({"prompt": pid, "at": n, "gap_nats": None})
+            continue
+        ids = tok.apply_chat_template(convs[pid].prompt(), add_generation_prompt=True, tokenize=True,
+                                      return_dict=True)["input_ids"]  # the evaluate stage's rendering (no template kwargs)
+        with torch.no_grad():
+            lp = hf(torch.tensor([list(ids) + base[:n]])).logits[0, -1].float().log_softmax(-1)
+        found.append({"prompt": pid, "at": n, "gap_nats": round(float(lp[base[n]] - lp[spec[n]]), 4)})
+    return found
 
 
 def hf_extraction_only(fam, model: Path, run: Path, data: Path) -> dict:
@@ -181,6 +215,13 @@ def why(r: dict) -> str:
     if "hf_bf16_vs_fp32_median_rel" in r:
         text = (f"vLLM runs it in bf16: its states are {r['vllm_vs_hf_median_rel']:.1%} from HF fp32 per token (median; "
                 f"HF in bf16: {r['hf_bf16_vs_fp32_median_rel']:.1%}). " + text).strip()
+    if r.get("divergences"):
+        gaps = [d["gap_nats"] for d in r["divergences"] if d["gap_nats"] is not None]
+        ties = gaps and len(gaps) == len(r["divergences"]) and max(gaps) < NEAR_TIE_NATS
+        text = (f"{len(r['divergences'])} of 8 greedy outputs differ, where the verifier's fp32 log-prob gap between "
+                f"the two tokens is {', '.join(f'{g:.3f}' for g in gaps) or '-'} nats: "
+                + ("near-ties, which bf16 rounds differently in a K+1-token verification than in one token. " if ties
+                   else "not near-ties: a serving or drafter bug to find. ") + text).strip()
     return text
 
 
