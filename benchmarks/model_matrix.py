@@ -177,7 +177,7 @@ def divergences(model: Path, run: Path) -> list[dict]:
         spec = outs["spec"][pid]
         if base == spec:
             continue
-        n = next((i for i, (x, y) in enumerate(zip(base, spec)) if x != y), min(len(base), len(spec)))
+        n = next((i for i, (x, y) in enumerate(zip(base, spec, strict=False)) if x != y), min(len(base), len(spec)))
         if n == min(len(base), len(spec)):  # one stopped earlier: no competing token to compare
             found.append({"prompt": pid, "at": n, "gap_nats": None})
             continue
