@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from eagle3lib.model.draft_losses import Loss, row_losses
-from eagle3lib.model.drafter import RMSNorm, apply_rope, rope_cos_sin
+from eagle3lib.model.drafter import MLP, RMSNorm, apply_rope, rope_cos_sin
 from eagle3lib.model.speculative import DraftInput, Proposal, _pick
 
 
@@ -50,6 +50,7 @@ class DFlashConfig:
     block: int  # K, the drafts per round trained for (num_speculative_tokens when served)
     mask_token_id: int  # the id vLLM puts in the K mask slots (its embedding row is the learned mask embedding)
     max_position_embeddings: int = 2048  # written to the checkpoint's layer config (vLLM sizes RoPE from it)
+    hidden_act: str = "silu"  # the MLP's activation; vLLM's DFlash layer is Qwen3's, SiLU-gated
 
     @property
     def n_aux(self) -> int:
@@ -88,17 +89,6 @@ class DFlashAttention(nn.Module):
         return self.o_proj(out[0].transpose(0, 1).reshape(Q, -1))
 
 
-class DFlashMLP(nn.Module):
-    def __init__(self, c: DFlashConfig):
-        super().__init__()
-        self.gate_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(c.intermediate_size, c.hidden_size, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-
-
 class DFlashLayer(nn.Module):
     """A pre-norm Qwen3 decoder layer (vLLM's DFlashQwen3DecoderLayer); tensor names are the checkpoint's."""
 
@@ -107,7 +97,7 @@ class DFlashLayer(nn.Module):
         self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.self_attn = DFlashAttention(c)
         self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
-        self.mlp = DFlashMLP(c)
+        self.mlp = MLP(c)  # gate/up/down with SiLU: the same tensors as the EAGLE drafter's layer
 
 
 class DFlashDrafter(nn.Module):
