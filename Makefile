@@ -9,7 +9,7 @@ STAMP := $(VENV)/.setup-$(VLLM_EXTRA)
 RUN_DIR ?= runs/demo
 PROFILE ?= tiny
 
-.PHONY: setup demo scaling test test-fast lint lab docs clean-demo
+.PHONY: setup demo scaling recipes test test-fast lint lab docs clean-demo
 
 setup: $(STAMP)
 
@@ -35,6 +35,11 @@ demo: setup
 # 1/2 of its data too, fits the curve and costs a target tau (RUN_DIR/data_scaling/report.html).
 scaling: setup
 	$(PY) -m eagle3lib run --profile $(PROFILE) --run-dir $(RUN_DIR) --stages data_scaling
+
+# Which drafting recipe accepts most, on the demo's run (after `make demo`): every loss, EAGLE 3.1, P-EAGLE and DFlash
+# trained on its store and served side by side by vLLM (RUN_DIR/recipes/report.html; ~25 min on 2 cores).
+recipes: setup
+	$(PY) -m eagle3lib run --profile $(PROFILE) --run-dir $(RUN_DIR) --stages recipes
 
 lint: setup
 	$(VENV)/bin/ruff check .

@@ -28,7 +28,7 @@ from eagle3lib.training.dflash_loop import DFlashTrainConfig, train_dflash
 from eagle3lib.vllm.client import chat_once
 from eagle3lib.vllm.server import VLLMServer
 from eagle3lib.vllm.spec_metrics import SpecCounters, fetch_counters
-from eagle3lib.vllm.speculative_config import eagle3_speculative_config
+from eagle3lib.vllm.speculative_config import speculative_config
 
 
 def serve(verifier: str, spec: dict | None, prompts: list, max_tokens: int, log: Path, vcfg) -> dict:
@@ -71,7 +71,7 @@ def main() -> None:
     convs = load_conversations("builtin:tiny-heldout")[: args.prompts]
     prompts = [c.prompt() for c in convs]
     rows = {"verifier alone": serve(verifier, None, prompts, args.max_tokens, run / "dflash" / "base.log", vcfg)}
-    rows["EAGLE-3 (the run's drafter)"] = serve(verifier, eagle3_speculative_config(run / "train" / "final", args.k),
+    rows["EAGLE-3 (the run's drafter)"] = serve(verifier, speculative_config(run / "train" / "final", args.k),
                                                 prompts, args.max_tokens, run / "dflash" / "eagle3.log", vcfg)
     rows["DFlash"] = serve(verifier, {"method": "dflash", "model": str(run / "dflash" / "train" / "final"),
                                       "num_speculative_tokens": args.k}, prompts, args.max_tokens,

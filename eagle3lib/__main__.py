@@ -7,7 +7,7 @@
   export         write a drafter (either layout) in the speculators or the EAGLE layout: export CKPT --layout eagle --out DIR
   import         a drafter in the EAGLE layout (SpecForge, EAGLE, AQ-MedAI) into the speculators layout vLLM reads
   serve          run the profile's verifier as the generate stage would start it, on a given host and port, in the
-                 foreground (one server per node for a multi-server generate run: params/recipes/)
+                 foreground (one server per node for a multi-server generate run: params/launch/)
 """
 
 from __future__ import annotations

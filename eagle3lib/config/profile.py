@@ -27,6 +27,7 @@ SECTIONS: dict[str, str] = {
     "train": "eagle3lib.config.train:TrainConfig",
     "evaluate": "eagle3lib.config.evaluate:EvaluateConfig",
     "data_scaling": "eagle3lib.config.data_scaling:DataScalingConfig",
+    "recipes": "eagle3lib.config.recipes:RecipesConfig",
     "learning_curves": "eagle3lib.config.analysis:LearningCurvesConfig",
     "cost_projection": "eagle3lib.config.analysis:CostProjectionConfig",
     "compare_runs": "eagle3lib.config.analysis:CompareRunsConfig",

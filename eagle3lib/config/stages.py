@@ -52,6 +52,10 @@ STAGES: tuple[Stage, ...] = (
           needs="train/manifest.json", make="--stages generate,extract,train,evaluate", default=False,
           always_run=True,  # every point it has trained is reused: a rerun costs seconds, and never shows a stale fit
           headline=("ceiling_tau", "target_tau", "samples_needed", "tokens_needed", "points")),
+    Stage("recipes", "recipes.ipynb", "recipes", "Recipes: which drafting recipe accepts most, served by vLLM",
+          needs="extract/store.json", make="--stages generate,extract", default=False,
+          always_run=True,  # every recipe it has trained and measured is reused: a rerun costs seconds
+          headline=("best_recipe_*", "recipes", "tau_vllm_greedy_*")),
     Stage("learning_curves", "learning_curves.ipynb", "learning_curves", "Learning curves", always_run=True,
           needs="train/metrics.jsonl", make="--stages generate,extract,train",
           headline=("runs", "step", "best_val_tau_est", "val_tau_est", "loss", "eta_h")),

@@ -29,7 +29,7 @@ from eagle3lib.vllm.endpoint import verifier_endpoint
 from eagle3lib.vllm.k_schedule import fastest_k, schedule_ranges
 from eagle3lib.vllm.measure import run_pass, warmup
 from eagle3lib.vllm.server import server_for_verifier
-from eagle3lib.vllm.speculative_config import eagle3_speculative_config
+from eagle3lib.vllm.speculative_config import speculative_config
 
 
 def grid_prompts(prompts, concurrency: int):
@@ -39,10 +39,10 @@ def grid_prompts(prompts, concurrency: int):
                     category="all") for i in range(n)]
 
 
-def speculative_config(ckpt: Path, k: int, schedule: list[list[int]] | None = None) -> dict[str, Any]:
+def scheduled_config(ckpt: Path, k: int, schedule: list[list[int]] | None = None) -> dict[str, Any]:
     """vLLM's --speculative-config for drafter `ckpt` at K (with a schedule: K is its largest value, the ceiling vLLM
     clamps each range to)."""
-    spec: dict[str, Any] = eagle3_speculative_config(ckpt, k)
+    spec: dict[str, Any] = speculative_config(ckpt, k)
     if schedule:
         spec["num_speculative_tokens_per_batch_size"] = [list(r) for r in schedule]
     return spec
@@ -93,7 +93,7 @@ def _phase(cfg, vcfg, model_path, out_dir, prompts, name: str, key: dict[str, An
 
 def serve_command(model: str, ckpt: Path, schedule: list[list[int]]) -> str:
     """The `vllm serve` line that deploys the schedule."""
-    spec = speculative_config(ckpt, max(k for *_, k in schedule), schedule)
+    spec = scheduled_config(ckpt, max(k for *_, k in schedule), schedule)
     return f"vllm serve {model} --speculative-config '{json.dumps(spec)}'"
 
 
@@ -165,7 +165,7 @@ def concurrency_grid(cfg, vcfg, model_path: str, ckpt: Path, prompts, k_main: in
         url = urls.get("spec") if k == k_main else None
         measured[k] = _phase(cfg, vcfg, model_path, out_dir, prompts, f"grid_k{k}", {**key, "which": f"grid_k{k}",
                                                                                       "ttt_steps": k, "url": url},
-                             url, speculative_config(ckpt, k))
+                             url, scheduled_config(ckpt, k))
     rows = grid_rows(measured)
     best = fastest_k(rows)
     out: dict[str, Any] = {"ks": ks, "concurrencies": sorted(cfg.concurrency_sweep), "rows": rows,
@@ -177,7 +177,7 @@ def concurrency_grid(cfg, vcfg, model_path: str, ckpt: Path, prompts, k_main: in
         out["note"] = "the verifier alone was fastest at every concurrency: no schedule to serve"
         return out
     out["schedule_source"] = "evaluate.ttt_steps_schedule" if cfg.ttt_steps_schedule else "derived from the grid"
-    spec = speculative_config(ckpt, max(k for *_, k in sched), sched)
+    spec = scheduled_config(ckpt, max(k for *_, k in sched), sched)
     served = _phase(cfg, vcfg, model_path, out_dir, prompts, "grid_schedule", {**key, "which": "grid_schedule",
                                                                                "schedule": sched}, None, spec)
     out.update({"schedule": sched, "serve_command": serve_command(vcfg.served_model_name or vcfg.model, ckpt, sched),

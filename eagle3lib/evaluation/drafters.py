@@ -1,5 +1,5 @@
 """Several drafters side by side: `evaluate.drafters` lists drafter folders (either layout: the speculators one, the
-EAGLE one, an MLA drafter; e.g. the drafter served today, or a published one on disk) measured beside this run's on
+EAGLE one, an MLA drafter, a P-EAGLE or a DFlash one; e.g. the drafter served today, or a published one on disk) measured beside this run's on
 the same prompts, at the same K, with the same verifier server settings: vLLM greedy tau, acceptance per draft position
 and per prompt category, tokens/s, and the training-time estimate where the folder's train manifest has one. Each is
 checked against the verifier before any server starts, and each gets its own speculative server (vLLM fixes the
@@ -15,7 +15,7 @@ from eagle3lib.data.context_buckets import bucket_key
 from eagle3lib.evaluation.inputs import EvaluateError, check_drafter
 from eagle3lib.evaluation.phases import fingerprint
 from eagle3lib.evaluation.spec_pass import measure_spec
-from eagle3lib.vllm.speculative_config import served_as
+from eagle3lib.vllm.speculative_config import is_dflash_drafter, served_as
 
 
 def checked_drafters(paths: list[str], vconf, model_path: str, cuda: bool) -> list[tuple[str, Path]]:
@@ -28,8 +28,15 @@ def checked_drafters(paths: list[str], vconf, model_path: str, cuda: bool) -> li
         try:
             if not ckpt.is_dir():
                 raise EvaluateError(f"{ckpt}: no such folder")
-            check_drafter(ckpt, read_config(ckpt), vconf, model_path, cuda)
-            check_servable(ckpt)
+            if is_dflash_drafter(ckpt):  # its own config and checks (eagle3lib/model/dflash.py)
+                from eagle3lib.model.dflash import dflash_problems
+
+                if problems := dflash_problems(ckpt, vconf):
+                    raise EvaluateError(f"{ckpt / 'config.json'}: this DFlash drafter does not fit {model_path} "
+                                        f"({'; '.join(problems)})")
+            else:
+                check_drafter(ckpt, read_config(ckpt), vconf, model_path, cuda)
+                check_servable(ckpt)
         except (CheckpointError, EvaluateError) as e:
             raise EvaluateError(f"evaluate.drafters[{i}]: {e}") from None
         label = ckpt.name if ckpt.name not in ("final", "best") else f"{ckpt.parent.parent.name}/{ckpt.name}"

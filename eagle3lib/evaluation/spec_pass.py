@@ -10,7 +10,7 @@ from typing import Any
 from eagle3lib.evaluation.phases import load_phase, save_phase
 from eagle3lib.vllm.measure import prompt_bucket, run_pass, warmup
 from eagle3lib.vllm.server import server_for_verifier
-from eagle3lib.vllm.speculative_config import eagle3_speculative_config
+from eagle3lib.vllm.speculative_config import speculative_config
 
 
 def measure_spec(cfg, vcfg, model_path: str, ckpt: Path, prompts, k: int, out_dir: Path, name: str,
@@ -20,7 +20,7 @@ def measure_spec(cfg, vcfg, model_path: str, ckpt: Path, prompts, k: int, out_di
     cached = load_phase(out_dir, name, key)
     if cached is not None:
         return cached
-    spec = eagle3_speculative_config(ckpt, k)
+    spec = speculative_config(ckpt, k)
     server = server_for_verifier(vcfg, model_path, out_dir / f"{name}.log", speculative_config=spec,
                                  extra_args=[*vcfg.extra_server_args, *cfg.server_args])
     with server:

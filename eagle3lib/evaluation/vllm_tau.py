@@ -1,5 +1,6 @@
-"""One drafter's greedy acceptance length through vLLM, on the evaluate section's prompts and server settings: what
-the evaluate stage measures as tau_vllm_greedy, for a drafter that is not the run's own (a data-scaling point)."""
+"""One drafter's acceptance through vLLM, on the evaluate section's prompts and server settings: what the evaluate
+stage measures as tau_vllm_greedy (and _sampled), for a drafter that is not the run's own (a data-scaling point, a
+drafting recipe), or the verifier alone's tokens/s to compare them with."""
 
 from __future__ import annotations
 
@@ -10,26 +11,41 @@ from typing import Any
 from eagle3lib.evaluation.inputs import select_prompts
 from eagle3lib.vllm.measure import measure_vllm
 from eagle3lib.vllm.servers import Servers
-from eagle3lib.vllm.speculative_config import eagle3_speculative_config
+from eagle3lib.vllm.speculative_config import speculative_config
 
 
-def measure_greedy_tau(ecfg, vcfg, ckpt: Path, k: int, log_dir: Path) -> dict[str, Any]:
-    """Start the verifier with `ckpt` as its EAGLE-3 speculator (K = k), decode evaluate's prompts greedily, stop it.
-    Returns tau, the acceptance rate per draft position, output tokens/s and the server's start-up seconds."""
+def measure_served(ecfg, vcfg, ckpt: Path | None, k: int, log_dir: Path, modes: list[str], key: str) -> dict[str, Any]:
+    """Start the verifier with `ckpt` as its speculator (K = k; None: the verifier alone, or evaluate's given base
+    server), decode evaluate's prompts once per mode, stop it. Per mode: tau, acceptance per draft position, tau per
+    category and per context bucket (evaluate.context_buckets), output tokens/s and the outputs (token ids by prompt id); plus the server's start-up seconds. `key`
+    names what asked for it in errors."""
     from eagle3lib.model.verifier import load_tokenizer, resolve_model
 
     model_path = resolve_model(vcfg.model)
     tok = load_tokenizer(model_path, vcfg.trust_remote_code)
     prompts, _, _ = select_prompts(ecfg, tok, vcfg.max_model_len, k)
-    cfg = ecfg.model_copy(update={"modes": ["greedy"], "spec_server_url": None})
+    cfg = ecfg.model_copy(update={"modes": list(modes), "spec_server_url": None})
+    which = "spec" if ckpt is not None else "base"
     servers = Servers(cfg, vcfg, model_path, log_dir)
     t0 = time.time()
     try:
-        servers.open("spec", eagle3_speculative_config(ckpt, k), background=False)
-        res = measure_vllm(cfg, servers.get("spec"), prompts, k, "spec", "data_scaling")
+        servers.open(which, speculative_config(ckpt, k) if ckpt is not None else None, background=False)
+        res = measure_vllm(cfg, servers.get(which), prompts, k, which, key)
     finally:
         servers.close_all()
+    out: dict[str, Any] = {"prompts": len(prompts), "start_seconds": servers.start_seconds.get(which),
+                           "seconds": round(time.time() - t0, 1)}
+    for m in modes:
+        r = res[m]
+        out[m] = {"tau": r.get("tau"), "accept_rate_pos": r.get("accept_rate_pos"), "tokens_per_s": r["tokens_per_s"],
+                  "categories": {c: v.get("tau") for c, v in r["categories"].items()}, "outputs": r["outputs"],
+                  "context_buckets": {b: v.get("tau") for b, v in (r.get("context_buckets") or {}).items()}}
+    return out
+
+
+def measure_greedy_tau(ecfg, vcfg, ckpt: Path, k: int, log_dir: Path) -> dict[str, Any]:
+    """Greedy only: tau, the acceptance rate per draft position, output tokens/s and the server's start-up seconds."""
+    res = measure_served(ecfg, vcfg, ckpt, k, log_dir, ["greedy"], "data_scaling")
     g = res["greedy"]
     return {"tau": g["tau"], "accept_rate_pos": g["accept_rate_pos"], "tokens_per_s": g["tokens_per_s"],
-            "prompts": len(prompts), "start_seconds": servers.start_seconds.get("spec"),
-            "seconds": round(time.time() - t0, 1)}
+            "prompts": res["prompts"], "start_seconds": res["start_seconds"], "seconds": res["seconds"]}

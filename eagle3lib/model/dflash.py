@@ -257,3 +257,24 @@ def config_from_verifier(vc: Any, aux_layer_ids: list[int], block: int, num_laye
                         vocab_size=vc.vocab_size, target_hidden_size=vc.hidden_size, aux_layer_ids=list(aux_layer_ids),
                         block=block, mask_token_id=int(mask if not isinstance(mask, list) else mask[0]),
                         max_position_embeddings=vc.max_position_embeddings)
+
+
+def dflash_problems(ckpt: Path, vconf: Any) -> list[str]:
+    """Why a DFlash checkpoint does not fit this verifier (text config `vconf`), or why vLLM cannot load it: checked
+    before a server starts, since vLLM would load a mismatched one and accept nothing."""
+    try:
+        cfg = json.loads((Path(ckpt) / "config.json").read_text())
+        c = DFlashConfig(**cfg["eagle3lib_dflash"])
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        return [f"not a DFlash checkpoint written by eagle3lib ({type(e).__name__}: {e})"]
+    problems = []
+    if c.target_hidden_size != int(vconf.hidden_size):
+        problems.append(f"target_hidden_size {c.target_hidden_size} != the verifier's hidden_size {vconf.hidden_size}")
+    if c.vocab_size != int(vconf.vocab_size):
+        problems.append(f"vocab_size {c.vocab_size} != the verifier's vocab_size {vconf.vocab_size}")
+    L = int(vconf.num_hidden_layers)
+    if any(not 0 <= i < L for i in c.aux_layer_ids):
+        problems.append(f"aux_hidden_state_layer_ids {list(c.aux_layer_ids)} do not fit a verifier with {L} layers")
+    if not (Path(ckpt) / "model.safetensors").exists():
+        problems.append("no model.safetensors")
+    return problems

@@ -48,8 +48,34 @@ def preflight(prof: Any, stage_names: list[str]) -> None:
         except ValueError as e:
             problems.append(str(e))
         problems += train_launch_problems(tcfg, torch.cuda.is_available())
+    if "recipes" in stage_names:
+        problems += recipe_problems(prof, vconf, torch.cuda.is_available())
     if problems:
         raise ParamsError("\n".join(f"{prof.path}: {p}" for p in problems))
+
+
+def recipe_problems(prof: Any, vconf: Any, cuda: bool) -> list[str]:
+    """Each chain recipe's train settings checked as the train stage would check them, before the first of many
+    trainings starts (a recipe this verifier cannot take would otherwise fail after the others have trained)."""
+    from eagle3lib.config.profile import load_profile
+    from eagle3lib.config.recipes import DFLASH
+    from eagle3lib.model.drafter_shape import choose_drafter_layer
+
+    rcfg, problems = prof.section("recipes"), []
+    for name in rcfg.names:
+        if name == DFLASH:
+            continue
+        try:
+            tcfg = load_profile(prof.path, {**prof.overrides, **rcfg.overrides(name)}).section("train")
+            layer = choose_drafter_layer(tcfg.drafter_layer, vconf, cuda)
+        except (ParamsError, ValueError) as e:
+            problems.append(f"recipes.names: {name}: {str(e).splitlines()[0]}")
+            continue
+        if tcfg.parallel_drafting and layer == "mla":
+            problems.append(f"recipes.names: {name}: P-EAGLE drafters are served as llama layers (vLLM 0.32) and this "
+                            "verifier's drafter here is an MLA layer (train.drafter_layer: auto on a machine without "
+                            f"CUDA); leave {name} out")
+    return problems
 
 
 def missing_datasets(prof: Any, stage_names: list[str]) -> list[str]:

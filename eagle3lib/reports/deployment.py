@@ -10,7 +10,7 @@ import matplotlib.pyplot as plt
 import polars as pl
 
 from eagle3lib.reports.concurrency import ranges_sentence
-from eagle3lib.vllm.speculative_config import eagle3_speculative_config
+from eagle3lib.vllm.speculative_config import speculative_config
 
 MODEL_LABEL = "MODEL (eagle3lib/model/decode_time.py), not a measurement"
 SMALL = 1e8  # verifier parameters below which a GPU decode step is all fixed overhead (the tiny verifiers: 3-6M)
@@ -28,7 +28,7 @@ def schedules_markdown(out: dict[str, Any], model: str = "<verifier>", drafter: 
         if top == 0:
             lines.append(f"- **{name}**: speculation costs more than it saves at every modelled concurrency.")
             continue
-        spec = {**eagle3_speculative_config(drafter, top), "num_speculative_tokens_per_batch_size": s["schedule"]}
+        spec = {**speculative_config(drafter, top), "num_speculative_tokens_per_batch_size": s["schedule"]}
         lines.append(f"- **{name}**: {ranges_sentence(s['schedule'], name)}  \n"
                      f"  `vllm serve {model} --speculative-config '{json.dumps(spec)}'`")
     return "\n".join(lines)

@@ -8,7 +8,7 @@ from pathlib import Path
 from eagle3lib.analysis import plots
 from eagle3lib.analysis.curves import load_run
 from eagle3lib.analysis.log_sources import expand_sources
-from eagle3lib.vllm.speculative_config import eagle3_speculative_config
+from eagle3lib.vllm.speculative_config import speculative_config
 
 
 def curves(metrics: str | Path):
@@ -20,7 +20,7 @@ def curves(metrics: str | Path):
 def serve_command(checkpoint: str | Path, ttt_steps: int, verifier: str = "VERIFIER") -> str:
     """The vLLM command that serves the verifier with this drafter as its EAGLE-3 speculator (vLLM's config key for
     the draft steps is num_speculative_tokens)."""
-    spec = eagle3_speculative_config(checkpoint, ttt_steps)
+    spec = speculative_config(checkpoint, ttt_steps)
     return f"python -m vllm.entrypoints.openai.api_server --model {verifier} --speculative-config '{json.dumps(spec)}'"
 
 

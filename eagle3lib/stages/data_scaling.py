@@ -17,7 +17,6 @@ Outputs in RUN_DIR/data_scaling/: fit.json (points, curve, band, target, cost), 
 from __future__ import annotations
 
 import math
-import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -30,8 +29,8 @@ from eagle3lib.config.stages import open_stage
 from eagle3lib.core.atomic import write_json_atomic, write_text_atomic
 from eagle3lib.core.manifest import StageTimer, clear_results, now_iso, read_manifest, update_manifest
 from eagle3lib.evaluation.inputs import best_is_chosen
-from eagle3lib.training.launch import launch
 from eagle3lib.training.metrics import read_metrics
+from eagle3lib.training.variants import finished_with, train_variant
 
 
 class DataScalingError(RuntimeError):
@@ -41,24 +40,8 @@ class DataScalingError(RuntimeError):
 def _point_overrides(ctx, fraction: float) -> dict[str, Any]:
     cfg, tcfg = ctx.cfg, ctx.profile.section("train")
     epochs = (cfg.epochs or tcfg.epochs) / (fraction if cfg.schedule == "steps" else 1.0)
-    return {**ctx.profile.overrides, "train.train_fraction": fraction, "train.epochs": epochs,
+    return {"train.train_fraction": fraction, "train.epochs": epochs,
             "train.patience": cfg.patience, "train.report_to": [], "train.export_layouts": []}
-
-
-# train settings that do not change the drafter a run trains: a train stage that also logged to TensorBoard, or
-# checkpointed more often, is still the 1.0 point
-BOOKKEEPING = {"report_to", "tracker_project", "tracker_run_name", "wandb_mode", "mlflow_tracking_uri", "export_layouts",
-               "log_every", "ckpt_every", "keep_checkpoints", "resume", "threads"}
-
-
-def _recipe(params: dict[str, Any] | None, ignore: frozenset[str] = frozenset()) -> dict[str, Any]:
-    return {k: v for k, v in ((params or {}).get("train") or {}).items() if k not in BOOKKEEPING | ignore}
-
-
-def _done(train_dir: Path, params: dict[str, Any], ignore: frozenset[str] = frozenset()) -> dict[str, Any] | None:
-    m = read_manifest(train_dir)
-    ok = m and m.get("status") == "complete" and m.get("params", {}).get("profile") == params.get("profile")
-    return m if ok and _recipe(m.get("params"), ignore) == _recipe(params, ignore) else None
 
 
 def point_dir(ctx, fraction: float) -> Path:
@@ -70,27 +53,13 @@ def train_point(ctx, fraction: float, echo=print) -> tuple[Path, dict[str, Any],
     """(train folder, its manifest, reused) of one fraction: the train stage's own run for 1.0 when it ran with the
     same settings, a finished point from an earlier run of this stage, or a new (or resumed) training run."""
     over = _point_overrides(ctx, fraction)
-    own = open_stage("train", ctx.profile.path, ctx.run_dir, over, say=lambda _m: None)
+    own = open_stage("train", ctx.profile.path, ctx.run_dir, {**ctx.profile.overrides, **over}, say=lambda _m: None)
     # patience only ends a run sooner: the train stage's full-length run scored every validation a patient one would
-    if fraction == 1.0 and (m := _done(ctx.stage_dir("train"), own.manifest_params(), frozenset({"patience"}))):
+    if fraction == 1.0 and (m := finished_with(ctx.stage_dir("train"), own.manifest_params(), frozenset({"patience"}))):
         return ctx.stage_dir("train"), m, True
     out = point_dir(ctx, fraction)
-    tctx = open_stage("train", ctx.profile.path, ctx.run_dir, over, say=lambda _m: None, out_dir=out)
-    if m := _done(out, tctx.manifest_params()):
-        return out, m, True
-    old = read_manifest(out)
-    if old and _recipe(old.get("params")) != _recipe(tctx.manifest_params()):  # another recipe: not resumed
-        shutil.rmtree(out)
-        out.mkdir(parents=True)
-    echo(f"data_scaling: training on {fraction:g} of the training split ({out.relative_to(ctx.run_dir)}/)")
-    return out, launch(tctx, echo=_outcome_lines(echo)), False
-
-
-def _outcome_lines(echo):
-    """A fraction's console: how its training ended, not every step (the report stays readable; the step lines are
-    in the fraction's metrics.jsonl)."""
-    keep = ("] done:", "best validation", "train.patience", "rror", "resuming from")
-    return lambda line: echo(line) if any(k in line for k in keep) else None
+    m, reused = train_variant(ctx, out, over, f"on {fraction:g} of the training split", echo)
+    return out, m, reused
 
 
 def _point(ctx, fraction: float, train_dir: Path, m: dict[str, Any], reused: bool, k: int) -> dict[str, Any]:

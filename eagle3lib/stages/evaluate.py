@@ -53,7 +53,7 @@ from eagle3lib.vllm.measure import ServingError, measure_vllm
 from eagle3lib.vllm.server import has_cuda
 from eagle3lib.vllm.servers import Servers
 from eagle3lib.vllm.spec_metrics import MetricsError
-from eagle3lib.vllm.speculative_config import eagle3_speculative_config, served_as
+from eagle3lib.vllm.speculative_config import served_as, speculative_config
 
 
 def _as_input_error(fn, *args, **kwargs):
@@ -145,7 +145,7 @@ def _run(ctx, cfg, vcfg, timer) -> dict[str, Any]:
             "extra_server_args": vcfg.extra_server_args, "warmup": cfg.warmup_requests}
     if cfg.context_buckets:  # vLLM's passes run per bucket group (the library's buckets come from its records)
         vkey["context_buckets"] = cfg.context_buckets
-    spec_cfg = eagle3_speculative_config(ckpt, k)
+    spec_cfg = speculative_config(ckpt, k)
     keys = {w: {**vkey, "which": w, "url": servers.key_url(w)} for w in ("spec", "base")}
     cached = {w: load_phase(out_dir, f"vllm_{w}", keys[w]) if cfg.vllm else None for w in ("spec", "base")}
     lib_raw = load_phase(out_dir, "library", lib_key) if cfg.library else None

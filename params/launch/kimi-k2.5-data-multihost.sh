@@ -1,16 +1,16 @@
 #!/bin/bash
 # The same as kimi-k2.5-data.sbatch without Slurm: run this script on every host, node 0 last (it waits for the others).
-#   PHASE=serve    bash params/recipes/kimi-k2.5-data-multihost.sh         # every host but node 0: a vLLM server
+#   PHASE=serve    bash params/launch/kimi-k2.5-data-multihost.sh         # every host but node 0: a vLLM server
 #   PHASE=generate HOSTS="host0 host1" RUN_DIR=/shared/runs/kimi bash ... # node 0: its own server + the generate stage
 #   then stop the servers, and on every host (node 0 with NODE_RANK=0):
-#   PHASE=extract NODE_RANK=1 HEAD=host0 NNODES=2 RUN_DIR=/shared/runs/kimi bash params/recipes/kimi-k2.5-data-multihost.sh
+#   PHASE=extract NODE_RANK=1 HEAD=host0 NNODES=2 RUN_DIR=/shared/runs/kimi bash params/launch/kimi-k2.5-data-multihost.sh
 # Extra arguments go to the stage (e.g. --set generate.max_samples=1000). Hosts reach each other on $PORT (vLLM) and HEAD:29400 (torchrun's c10d rendezvous). RUN_DIR on shared storage.
 # HOSTS entries may carry a port (host:port). Tried here with PROFILE=tiny on one host (a second server on port 8001,
 # HOSTS="127.0.0.1 127.0.0.1:8001"; extraction as two agents on 127.0.0.1); not tested: real hosts, GPUs, Kimi-K2.5.
 set -euo pipefail
 : "${PHASE:?serve, generate or extract}"
 REPO=${REPO:-$(cd "$(dirname "$0")/../.." && pwd)}
-PROFILE=${PROFILE:-kimi-k2.5}  # a profile name in params/ (tiny: how this recipe was tried on one host)
+PROFILE=${PROFILE:-kimi-k2.5}  # a profile name in params/ (tiny: how this script was tried on one host)
 PORT=${PORT:-8000}
 PY="$REPO/.venv/bin/python"
 cd "$REPO"

@@ -1,14 +1,14 @@
 #!/bin/bash
 # The same as kimi-k2.5-train.sbatch without Slurm: run this script on every host, node 0 first.
-#   NODE_RANK=0 HEAD=host0 NNODES=2 RUN_DIR=/shared/runs/kimi bash params/recipes/kimi-k2.5-train-multihost.sh  # host0
-#   NODE_RANK=1 HEAD=host0 NNODES=2 RUN_DIR=/shared/runs/kimi bash params/recipes/kimi-k2.5-train-multihost.sh  # host1
+#   NODE_RANK=0 HEAD=host0 NNODES=2 RUN_DIR=/shared/runs/kimi bash params/launch/kimi-k2.5-train-multihost.sh  # host0
+#   NODE_RANK=1 HEAD=host0 NNODES=2 RUN_DIR=/shared/runs/kimi bash params/launch/kimi-k2.5-train-multihost.sh  # host1
 # HEAD:29400 must be reachable from every host (torchrun's c10d rendezvous runs there). RUN_DIR on shared storage.
 # Tested here: the torchrun part on 127.0.0.1 (tests/test_multinode.py). Not tested: real hosts, GPUs.
 set -euo pipefail
 : "${NODE_RANK:?}" "${HEAD:?}" "${NNODES:?}" "${RUN_DIR:?}"
 REPO=${REPO:-$(cd "$(dirname "$0")/../.." && pwd)}
 NPROC=${NPROC:-4}
-PROFILE=${PROFILE:-kimi-k2.5}  # a profile name in params/ (tiny: how this recipe was tried on one host)
+PROFILE=${PROFILE:-kimi-k2.5}  # a profile name in params/ (tiny: how this script was tried on one host)
 ENDPOINT="$HEAD:${RDZV_PORT:-29400}"
 JOB=${JOB:-eagle3-kimi}
 cd "$REPO"

@@ -1,0 +1,77 @@
+"""The `recipes` section: drafting recipes trained on this run's store and measured side by side through vLLM
+(eagle3lib/stages/recipes.py).
+
+A recipe is the train stage's settings plus a few `train.*` overrides (a loss, EAGLE 3.1's flags, parallel drafting),
+or DFlash, which trains another drafter (eagle3lib/model/dflash.py, eagle3lib/training/dflash_loop.py). Each trains
+on the same store, each is measured on evaluate's prompts, K and server settings, beside the verifier alone.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, ValidationInfo, field_validator
+
+from eagle3lib.config.base import StageConfig
+
+# name -> train overrides: each applied on top of the profile's train section. "kl" is the default loss (the train
+# stage's own run when the profile changes nothing else, then reused instead of trained again).
+BUILTIN_RECIPES: dict[str, dict[str, Any]] = {
+    "kl": {"train.loss": "kl"},  # forward KL to the verifier's distribution (EAGLE-3's)
+    "reverse_kl": {"train.loss": "reverse_kl"},  # mode-seeking
+    "jsd": {"train.loss": "jsd"},  # Jensen-Shannon, bounded
+    "tv": {"train.loss": "tv"},  # total variation: the rejection rate itself
+    "ce_argmax": {"train.loss": "ce_argmax"},  # hard cross-entropy on the verifier's argmax (what greedy accepts)
+    "eagle3.1": {"train.fc_norm": True, "train.norm_output": True},  # EAGLE 3.1's normalisation flags, forward KL
+    "peagle": {"train.parallel_drafting": True},  # P-EAGLE: all K drafts from one forward (parallel_drafting: true)
+}
+DFLASH = "dflash"  # block-diffusion drafting (vLLM method dflash): its own drafter and trainer, not train overrides
+
+
+class RecipesConfig(StageConfig):
+    custom: dict[str, dict[str, Any]] = {}  # your own recipes: name -> train overrides, e.g. {"lr-1e-3":
+    # {"train.lr": 0.001}}; list the name in `names` to run it
+    names: list[str] = ["kl", "reverse_kl", "jsd", "tv", "ce_argmax", "eagle3.1", "peagle", DFLASH]  # which recipes,
+    # in the table's order: BUILTIN_RECIPES' names, "dflash", or a key of `custom`
+    modes: list[Literal["greedy", "sampled"]] = ["greedy", "sampled"]  # vLLM decodings measured per recipe (sampled
+    # at evaluate.temperature): greedy verification accepts only the argmax, so a loss can win one and lose the other
+    dflash_steps: int = Field(1000, ge=1)  # DFlash optimizer steps (4 sequences x 32 blocks each; ~30 s per 1,000 on
+    # the tiny verifier, 2 cores)
+    dflash_layers: int = Field(1, ge=1)  # DFlash drafter layers (each reads the whole context: one is the paper's
+    # smallest)
+    progress: bool = True  # tqdm bars of each measurement
+
+    @field_validator("custom")
+    @classmethod
+    def _custom(cls, v: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        for name, over in v.items():
+            if name in BUILTIN_RECIPES or name == DFLASH:
+                raise ValueError(f"{name!r} is a built-in recipe's name; choose another")
+            bad = [k for k in over if not k.startswith("train.")]
+            if bad:
+                raise ValueError(f"{name!r}: a recipe overrides train.* keys only, got {bad}")
+        return v
+
+    @field_validator("names")
+    @classmethod
+    def _names(cls, v: list[str], info: ValidationInfo) -> list[str]:
+        known = [*BUILTIN_RECIPES, DFLASH, *(info.data.get("custom") or {})]  # custom is validated first (declared first)
+        for i, n in enumerate(v):
+            if n not in known:
+                raise ValueError(f"item {i}, {n!r}, is not a recipe; known: {', '.join(known)}")
+        if len(set(v)) != len(v):
+            raise ValueError(f"a recipe listed twice: {v}")
+        if not v:
+            raise ValueError("at least one recipe")
+        return v
+
+    @field_validator("modes")
+    @classmethod
+    def _modes(cls, v: list[str]) -> list[str]:
+        if not v:
+            raise ValueError("at least one of greedy, sampled")
+        return v
+
+    def overrides(self, name: str) -> dict[str, Any]:
+        """The train overrides of recipe `name` ({} for DFlash)."""
+        return {} if name == DFLASH else {**BUILTIN_RECIPES, **self.custom}[name]

