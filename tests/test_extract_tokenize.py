@@ -174,3 +174,27 @@ def test_tool_calls_and_schemas_render_and_only_the_calls_are_trained(tok):
     assert "It is 18 degrees" in trained and "temp_c" not in trained and "<tools>" not in trained
     no_tools, _ = ChatTokenizer(t, 4096).encode(weather.messages)
     assert len(no_tools) < len(ids)  # the schemas are in the tokens only when given
+
+
+@pytest.mark.parametrize("template", ["tiny", "qwen3_like"])
+def test_answers_are_trained_on_as_generated(tok, template):
+    """vLLM's qwen3 parser leaves the newlines around the reasoning in both fields ("\\nR\\n", "\\n\\nC"). The tiny
+    verifier's template adds its own around them, so re-rendering changes the answer the verifier generated; Qwen3's
+    strips them and re-renders it exactly. With the generated ids the sample is the rendered prompt + those ids either
+    way, loss on every one of them, and the difference is counted."""
+    t = tok if template == "tiny" else _with_template(tok, TEMPLATES["qwen3_like"][0])
+    prompt = [{"role": "user", "content": "What is the capital of France?"}]
+    generated = t.encode("<think>\nThe user asks.\n</think>\n\nParis.<|im_end|>", add_special_tokens=False)
+    msgs = [*prompt, {"role": "assistant", "reasoning_content": "\nThe user asks.\n", "content": "\n\nParis."}]
+    conv = Conversation("a", msgs, extra={"answer_token_ids": generated})
+    stats = TokenizeStats()
+    (got,) = list(ChatTokenizer(t, 4096)([conv], stats))
+    head = t.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]
+    assert got.input_ids.tolist() == [*head, *generated] and got.loss_mask.tolist() == [0] * len(head) + [1] * len(generated)
+    assert stats.answers_as_generated == 1 and stats.rerendered_differently == (1 if template == "tiny" else 0)
+    assert stats.rerendered_examples == (["a"] if template == "tiny" else [])
+    (rendered,) = list(ChatTokenizer(t, 4096, answer_tokens="rendered")([conv], TokenizeStats()))
+    answer_end = int(np.flatnonzero(rendered.loss_mask)[-1]) + 1  # Qwen3 renders a "\n" after the turn's <|im_end|>
+    assert (rendered.input_ids[:answer_end].tolist() == got.input_ids.tolist()) == (template != "tiny")
+    with pytest.raises(TokenizeError, match="does not end with an assistant turn"):
+        ChatTokenizer(t, 4096).encode_generated(prompt, generated)

@@ -125,6 +125,8 @@ def plain_server(tiny_verifier, tmp_path_factory):
 
 
 def test_reasoning_captured_concurrency_and_manifest(vllm_server, plain_server, tmp_path, monkeypatch):
+    from transformers import AutoTokenizer
+
     monkeypatch.setenv("EAGLE3_TEST_KEY", "sk-never-written-0123456789")  # vLLM without --api-key ignores it
     out = tmp_path / "generate"
     res = generate(_cfg(max_samples=40, shard_records=15), _verifier(vllm_server, api_key_env="EAGLE3_TEST_KEY"), out)
@@ -142,6 +144,7 @@ def test_reasoning_captured_concurrency_and_manifest(vllm_server, plain_server, 
 
     convs = list(iter_generated(out))
     assert len(convs) == f["samples_ok"] and len({c.id for c in convs}) == len(convs)
+    tok, verbatim = AutoTokenizer.from_pretrained(vllm_server.model), 0
     expected = {c.id: c for c in load_prompts(_cfg(max_samples=40)).items}
     both = 0
     for c in convs:
@@ -152,7 +155,14 @@ def test_reasoning_captured_concurrency_and_manifest(vllm_server, plain_server, 
         assert "<think>" not in answer["reasoning_content"] + answer["content"]  # the parser split them
         assert c.extra["status"] == "ok" and c.extra["finish_reason"] == "stop" and c.extra["completion_tokens"] > 0
         assert c.extra["reasoning_tokens"] is not None and c.extra["reasoning_tokens"] <= c.extra["completion_tokens"]
+        # the answer's tokens as generated: the parser's two fields between the think tags, verbatim, then end of turn
+        # (a degenerate answer with a second </think> loses it to the parser: the ids keep what was generated)
+        text = tok.decode(c.extra["answer_token_ids"])
+        assert len(c.extra["answer_token_ids"]) == c.extra["completion_tokens"] and text.endswith("<|im_end|>")
+        assert text.startswith(f"<think>{answer['reasoning_content']}</think>")
+        verbatim += text == f"<think>{answer['reasoning_content']}</think>{answer['content']}<|im_end|>"
     assert both >= len(convs) - 3  # the tiny verifier nearly always thinks, then answers
+    assert verbatim >= len(convs) - 3
     for path in out.iterdir():  # the API key stays in memory
         assert "sk-never-written" not in path.read_text(errors="replace"), path
 

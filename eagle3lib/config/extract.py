@@ -22,6 +22,9 @@ class ExtractConfig(TorchrunConfig):
     too_long: Literal["truncate", "drop"] = "truncate"  # longer samples: cut to max_sample_tokens (keeps the early turns) or drop; both counted
     chat_template_kwargs: dict[str, Any] = {}  # passed to the verifier's chat template, e.g. {"enable_thinking": true}
     mask_method: Literal["auto", "generation", "prefix"] = "auto"  # auto: {% generation %} markers if the template has them, else prefix rendering
+    answer_tokens: Literal["generated", "rendered"] = "generated"  # generated: a record's last answer is trained on as
+    # the token ids the verifier generated (generate keeps them), after the rendered prompt; rendered: as the chat
+    # template re-renders its reasoning and content (also every record without ids: datasets, older runs)
     end_of_turn: list[str] = []  # strings that end an assistant turn (prefix method); [] = the tokenizer's eos token
     # --- backend
     backend: Literal["hf", "vllm"] = "hf"  # hf: transformers + forward hooks (CPU/GPU, device_map); vllm: extract_hidden_states (tensor parallel)

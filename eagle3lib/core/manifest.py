@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from eagle3lib.core.atomic import write_json_atomic
+
+T = TypeVar("T")
 
 MANIFEST = "manifest.json"
 
@@ -90,3 +93,15 @@ class StageTimer:
             figures=figures,
             outputs=outputs or {},
         )
+
+
+def timed_stage(stage_dir: Path, params: dict[str, Any], body: Callable[[StageTimer], T]) -> T:
+    """A stage body run with its results cleared first and a StageTimer to finish; an exception is recorded in the
+    manifest (status failed, the error) before it propagates, so a report never shows a half-run stage as complete."""
+    clear_results(stage_dir)
+    timer = StageTimer(stage_dir, params)
+    try:
+        return body(timer)
+    except BaseException as e:
+        update_manifest(stage_dir, status="failed", error=f"{type(e).__name__}: {e}", finished_at=now_iso())
+        raise

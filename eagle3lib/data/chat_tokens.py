@@ -8,6 +8,13 @@ template renders them), False on system/user turns and on the assistant header.
   end-of-turn marker (the tokenizer's eos token, or an explicit `end_of_turn`) following that start; tokens are mapped
   to spans through the tokenizer's character offsets. This copes with templates that render earlier turns differently
   (Qwen3 drops the reasoning of assistant turns before the last user message).
+Answers as generated: a generate record carries the last answer's token ids as vLLM produced them
+(`answer_token_ids`). With `answer_tokens="generated"` that answer is those ids after the rendering of everything
+before it with the generation prompt, which is exactly what the server rendered and the verifier continued; the chat
+template re-renders an answer from its parsed reasoning and content, and a template that adds its own whitespace
+around them (the tiny verifier's adds newlines that vLLM's qwen3 parser leaves in both) trains the drafter on text the
+verifier never produced. Every such answer is also rendered the template's way and the two are compared
+(`rerendered_differently`), so a run says how much its template would have changed.
 Longer samples than `max_sample_tokens` are truncated or dropped; samples without any assistant token are skipped.
 """
 
@@ -52,12 +59,15 @@ class TokenizeStats:
     dropped_too_long: int = 0  # longer than max_sample_tokens and dropped (policy drop, or no assistant token left)
     bad_samples: int = 0  # failed to render/tokenize, skipped (on_bad_record="skip")
     duplicate_ids: int = 0  # a second sample with an id already seen, skipped
+    answers_as_generated: int = 0  # kept samples whose last answer is the verifier's generated token ids
+    rerendered_differently: int = 0  # ... of which the chat template renders that answer into other tokens
     tokens: int = 0  # in kept samples
     loss_tokens: int = 0  # in kept samples
     errors: list[str] = field(default_factory=list)  # first few messages of skipped bad samples
+    rerendered_examples: list[str] = field(default_factory=list)  # first few sample ids rendered differently
 
     def as_dict(self) -> dict[str, int]:
-        return {k: v for k, v in self.__dict__.items() if k != "errors"}
+        return {k: v for k, v in self.__dict__.items() if k not in ("errors", "rerendered_examples")}
 
 
 def has_generation_markers(tokenizer: Any) -> bool:
@@ -190,7 +200,8 @@ class ChatTokenizer:
 
     def __init__(self, tokenizer: Any, max_sample_tokens: int, too_long: Literal["truncate", "drop"] = "truncate",
                  chat_template_kwargs: dict[str, Any] | None = None, end_of_turn: list[str] | None = None,
-                 mask_method: Literal["auto", "generation", "prefix"] = "auto"):
+                 mask_method: Literal["auto", "generation", "prefix"] = "auto",
+                 answer_tokens: Literal["generated", "rendered"] = "generated"):
         if getattr(tokenizer, "chat_template", None) is None:
             raise TokenizeError("the verifier's tokenizer has no chat template")
         self.tok = tokenizer
@@ -204,6 +215,7 @@ class ChatTokenizer:
         if not markers and tokenizer.eos_token:
             markers = [tokenizer.eos_token]
         self.end_markers = markers
+        self.answer_tokens = answer_tokens
 
     def encode(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
                ) -> tuple[np.ndarray, np.ndarray]:
@@ -215,6 +227,37 @@ class ChatTokenizer:
             ids, mask = _mask_by_prefixes(self.tok, msgs, kwargs, self.end_markers)
         return np.asarray(ids, dtype=np.int32), np.asarray(mask, dtype=bool)
 
+    def encode_generated(self, messages: list[dict[str, Any]], answer_ids: list[int],
+                         tools: list[dict[str, Any]] | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Everything before the last (assistant) turn rendered with the generation prompt, as the server rendered the
+        request, then that turn's generated ids, all of them in the loss mask (earlier assistant turns as `encode`
+        masks them)."""
+        if not messages or messages[-1].get("role") != "assistant":
+            raise TokenizeError("answer_token_ids given, but the conversation does not end with an assistant turn")
+        msgs = _template_messages(messages[:-1])
+        kwargs = {**self.kwargs, "add_generation_prompt": True, **({"tools": tools} if tools else {})}
+        if self.mask_method == "generation":
+            ids, mask = _mask_by_generation(self.tok, msgs, kwargs)
+        else:
+            ids, mask = _mask_by_prefixes(self.tok, msgs, kwargs, self.end_markers)
+        return (np.asarray([*ids, *answer_ids], dtype=np.int32),
+                np.asarray([*mask, *([1] * len(answer_ids))], dtype=bool))
+
+    def _tokens(self, conv: Any, stats: TokenizeStats) -> tuple[np.ndarray, np.ndarray]:
+        tools = getattr(conv, "tools", None)
+        ids, mask = self.encode(conv.messages, tools)
+        answer = (getattr(conv, "extra", None) or {}).get("answer_token_ids")
+        if self.answer_tokens != "generated" or not answer:
+            return ids, mask
+        gen_ids, gen_mask = self.encode_generated(conv.messages, answer, tools)
+        stats.answers_as_generated += 1
+        end = int(np.flatnonzero(mask)[-1]) + 1 if mask.any() else len(ids)  # the template's text after the turn
+        if not np.array_equal(ids[:end], gen_ids):  # (Qwen3's "\n" after <|im_end|>) is not part of the answer
+            stats.rerendered_differently += 1
+            if len(stats.rerendered_examples) < 3:
+                stats.rerendered_examples.append(conv.id)
+        return gen_ids, gen_mask
+
     def __call__(self, conversations: Iterable[Any], stats: TokenizeStats, on_bad_record: str = "error") -> Iterator[Tokenized]:
         """Tokenized samples ready to extract; skipped ones are counted in `stats`."""
         seen: set[str] = set()
@@ -225,7 +268,7 @@ class ChatTokenizer:
                 continue
             seen.add(conv.id)
             try:
-                ids, mask = self.encode(conv.messages, getattr(conv, "tools", None))
+                ids, mask = self._tokens(conv, stats)
             except Exception as e:  # template errors are jinja exceptions of many kinds
                 msg = f"{conv.source or conv.id}: sample {conv.id!r} does not tokenize with the verifier's chat template: {type(e).__name__}: {e}"
                 if on_bad_record == "skip":

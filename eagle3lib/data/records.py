@@ -3,7 +3,9 @@
 Record: {"id", "category", "status": "ok"|"truncated"|"empty"|"failed",
          "messages": [prompt messages..., {"role": "assistant", "content", "reasoning_content"}],  # assistant turn only
                                                                                                  # when a response came
-         "finish_reason", "prompt_tokens", "completion_tokens", "error", "attempts", "reasoning_tokens"}
+         "finish_reason", "prompt_tokens", "completion_tokens", "error", "attempts", "reasoning_tokens",
+         "answer_token_ids": the last assistant turn's tokens as generated (vLLM's return_token_ids), when the server
+         returned them}
 Only "ok" is training data by default (`iter_generated`); the latest record per id wins (a retried failure replaces
 its first try), so readers see every prompt exactly once.
 
@@ -220,7 +222,7 @@ def iter_generated(gen_dir: str | Path, statuses: Iterable[str] | None = ("ok",)
 
     Records are de-duplicated by id (the latest wins: a retried failure replaces its first try), torn lines ignored.
     `statuses=None` yields every status; a failed record has no assistant turn. `extra` holds status, finish_reason,
-    prompt_tokens, completion_tokens, attempts and error; `source` is "shard-NNNNN.jsonl:line".
+    prompt_tokens, completion_tokens, attempts, error and answer_token_ids (the last answer's generated ids, or None); `source` is "shard-NNNNN.jsonl:line".
     """
     wanted = None if statuses is None else set(statuses)
     if wanted is not None and (unknown := wanted - set(STATUSES)):
@@ -229,6 +231,6 @@ def iter_generated(gen_dir: str | Path, statuses: Iterable[str] | None = ("ok",)
         if wanted is not None and rec.get("status") not in wanted:
             continue
         extra = {k: rec.get(k) for k in ("status", "finish_reason", "prompt_tokens", "completion_tokens", "reasoning_tokens",
-                                         "attempts", "error")}
+                                         "attempts", "error", "answer_token_ids")}
         yield Conversation(rec["id"], rec.get("messages") or [], rec.get("category"), f"{Path(gen_dir) / source}", extra,
                            rec.get("tools"))

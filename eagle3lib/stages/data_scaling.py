@@ -27,7 +27,7 @@ from eagle3lib.analysis.scaling import ScalingFit, explain, fit_scaling, tau_sta
 from eagle3lib.analysis.scaling_points import load_counts, score_points
 from eagle3lib.config.stages import open_stage
 from eagle3lib.core.atomic import write_json_atomic, write_text_atomic
-from eagle3lib.core.manifest import StageTimer, clear_results, now_iso, read_manifest, update_manifest
+from eagle3lib.core.manifest import StageTimer, read_manifest, timed_stage
 from eagle3lib.evaluation.inputs import best_is_chosen
 from eagle3lib.training.metrics import read_metrics
 from eagle3lib.training.variants import finished_with, train_variant
@@ -146,13 +146,7 @@ def _target_cost(ctx, fit: ScalingFit, target: float, epochs: float) -> tuple[di
 
 def run(ctx, echo=print) -> dict[str, Any]:
     """The stage: returns fit.json's content; writes fit.json, cost_for_target.csv and the manifest."""
-    clear_results(ctx.dir)
-    timer = StageTimer(ctx.dir, ctx.manifest_params())
-    try:
-        return _run(ctx, timer, echo)
-    except BaseException as e:
-        update_manifest(ctx.dir, status="failed", error=f"{type(e).__name__}: {e}", finished_at=now_iso())
-        raise
+    return timed_stage(ctx.dir, ctx.manifest_params(), lambda timer: _run(ctx, timer, echo))
 
 
 def _run(ctx, timer: StageTimer, echo) -> dict[str, Any]:

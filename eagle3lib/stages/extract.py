@@ -146,12 +146,16 @@ def extract(cfg: Any, vcfg: Any, out_dir: str | Path, gen_dir: str | Path | None
         _say(f"{read.torn_lines} unreadable line(s) in the generate shards skipped ({', '.join(read.torn_at)}): a torn "
              "write; running the generate stage again answers those prompts again")
     chat = ChatTokenizer(tokenizer, cfg.max_sample_tokens, cfg.too_long, cfg.chat_template_kwargs, cfg.end_of_turn or None,
-                         cfg.mask_method)
+                         cfg.mask_method, cfg.answer_tokens)
     tstats = TokenizeStats()
     samples: list[Tokenized] = list(chat(convs, tstats, cfg.on_bad_record))
     tokenize_s = time.time() - t0
     for msg in tstats.errors:
         _say(f"skipped: {msg}")
+    if tstats.rerendered_differently:
+        _say(f"{tstats.rerendered_differently} of {tstats.answers_as_generated} answers (e.g. "
+             f"{', '.join(tstats.rerendered_examples)}) render through the chat template into other tokens than the "
+             "verifier generated; trained on as generated (extract.answer_tokens)")
     if not samples:
         raise ExtractError(f"no sample of {desc} is usable: {tstats.conversations} conversations, "
                            f"{tstats.skipped_no_assistant} without assistant tokens, {tstats.dropped_too_long} too long, "
@@ -253,6 +257,8 @@ def extract(cfg: Any, vcfg: Any, out_dir: str | Path, gen_dir: str | Path | None
         "input_conversations": tstats.conversations,
         "bad_samples": tstats.bad_samples,
         "duplicate_ids": tstats.duplicate_ids,
+        "answers_as_generated": tstats.answers_as_generated,  # extract.answer_tokens: generated
+        "answers_rerendered_differently": tstats.rerendered_differently,
         "samples_this_run": this_samples,
         "tokens_this_run": this_tokens,
         "resumed_samples": resumed,

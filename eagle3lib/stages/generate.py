@@ -86,6 +86,8 @@ def make_record(conv: Conversation, result: ChatResult | None, error: str | None
             status = "partial"
         elif status in ("truncated", "empty") and k > 1:  # turns 1..k-1 are whole verifier answers: keep them
             messages, status, turn["stopped_at_turn"] = messages[: conv.extra["answered"]], "ok", k
+    # the last assistant turn's tokens as generated (not when it was cut off above: the record then ends earlier)
+    answer_ids = result.token_ids if result is not None and "stopped_at_turn" not in turn else None
     carried = conv.extra.get("carried_tokens", (0, 0))  # the earlier turns': a record counts its whole conversation
     return {
         "id": conv.id,
@@ -100,6 +102,7 @@ def make_record(conv: Conversation, result: ChatResult | None, error: str | None
         "attempts": attempts,
         "reasoning_tokens": reasoning_tokens,  # the server's count (vLLM with a reasoning parser), else null
         **turn,
+        **({"answer_token_ids": answer_ids} if answer_ids is not None else {}),
     }
 
 

@@ -25,7 +25,7 @@ from typing import Any
 from eagle3lib.config.recipes import DFLASH
 from eagle3lib.config.stages import open_stage
 from eagle3lib.core.atomic import write_json_atomic, write_text_atomic
-from eagle3lib.core.manifest import StageTimer, clear_results, now_iso, update_manifest
+from eagle3lib.core.manifest import StageTimer, timed_stage
 from eagle3lib.evaluation.inputs import best_is_chosen
 from eagle3lib.evaluation.phases import fingerprint, load_phase, save_phase
 from eagle3lib.evaluation.vllm_tau import measure_served
@@ -129,13 +129,7 @@ def _row(ctx, name: str, trained: dict[str, Any], res: dict[str, Any], base: dic
 
 def run(ctx, echo=print) -> dict[str, Any]:
     """The stage: returns recipes.json's content; writes it, recipes.csv, recipes.png and the manifest."""
-    clear_results(ctx.dir)
-    timer = StageTimer(ctx.dir, ctx.manifest_params())
-    try:
-        return _run(ctx, timer, echo)
-    except BaseException as e:
-        update_manifest(ctx.dir, status="failed", error=f"{type(e).__name__}: {e}", finished_at=now_iso())
-        raise
+    return timed_stage(ctx.dir, ctx.manifest_params(), lambda timer: _run(ctx, timer, echo))
 
 
 def _run(ctx, timer: StageTimer, echo) -> dict[str, Any]:

@@ -54,6 +54,8 @@ class ChatResult:
     prompt_tokens: int
     completion_tokens: int
     tool_calls: list[dict[str, Any]] | None = None  # parsed calls, from a server started with a tool-call parser
+    token_ids: list[int] | None = None  # the generated token ids (vLLM's `return_token_ids`), end-of-turn token
+    # included: the answer exactly as the verifier produced it, before any parser split it into reasoning and content
 
 
 def parse_chat_response(body: dict[str, Any]) -> ChatResult:
@@ -63,15 +65,18 @@ def parse_chat_response(body: dict[str, Any]) -> ChatResult:
     if reasoning is None:
         reasoning = msg.get("reasoning_content")
     usage = body.get("usage") or {}
+    ids = choice.get("token_ids")
     return ChatResult(reasoning, msg.get("content"), choice.get("finish_reason"),
                       int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0),
-                      msg.get("tool_calls") or None)
+                      msg.get("tool_calls") or None, [int(t) for t in ids] if isinstance(ids, list) else None)
 
 
 def chat_payload(model: str, messages: list[dict], *, max_tokens: int, temperature: float = 0.0, top_p: float = 1.0,
                  seed: int | None = None, chat_template_kwargs: dict[str, Any] | None = None) -> dict[str, Any]:
+    # return_token_ids: the answer's token ids come back beside its text (vLLM >= 0.10.2; other servers ignore it), so
+    # the extract stage can train on the tokens the verifier generated, not on the chat template's re-rendering
     payload: dict[str, Any] = {"model": model, "messages": messages, "max_tokens": max_tokens,
-                               "temperature": temperature, "top_p": top_p}
+                               "temperature": temperature, "top_p": top_p, "return_token_ids": True}
     if seed is not None:
         payload["seed"] = seed
     if chat_template_kwargs:
