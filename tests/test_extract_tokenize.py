@@ -198,3 +198,23 @@ def test_answers_are_trained_on_as_generated(tok, template):
     assert (rendered.input_ids[:answer_end].tolist() == got.input_ids.tolist()) == (template != "tiny")
     with pytest.raises(TokenizeError, match="does not end with an assistant turn"):
         ChatTokenizer(t, 4096).encode_generated(prompt, generated)
+
+
+def test_answer_as_generated_after_earlier_turns_by_either_mask_method(tok):
+    """A second turn's answer after a first answered one: the first is masked where the template renders it (the
+    prefix method, used for templates without generation markers such as Kimi's, agrees with the markers' mask), the
+    generation prompt is not, the generated ids all are."""
+    plain, marked = (_with_template(tok, t) for t in TEMPLATES["qwen3_like"])
+    msgs = [{"role": "user", "content": "What is 2 + 2?"},
+            {"role": "assistant", "reasoning_content": "Add them.", "content": "4."},
+            {"role": "user", "content": "And 3 + 3?"},
+            {"role": "assistant", "reasoning_content": "\nAdd again.\n", "content": "\n\n6."}]
+    generated = plain.encode("<think>\nAdd again.\n</think>\n\n6.<|im_end|>", add_special_tokens=False)
+    conv = Conversation("b", msgs, extra={"answer_token_ids": generated})
+    got = {t: list(ChatTokenizer(x, 4096)([conv], TokenizeStats()))[0] for t, x in (("prefix", plain), ("markers", marked))}
+    assert got["prefix"].input_ids.tolist() == got["markers"].input_ids.tolist()
+    assert got["prefix"].loss_mask.tolist() == got["markers"].loss_mask.tolist()
+    head = plain.apply_chat_template(msgs[:3], add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]
+    assert got["prefix"].input_ids.tolist() == [*head, *generated]
+    first = plain.encode("4.<|im_end|>", add_special_tokens=False)  # Qwen3 drops an earlier turn's reasoning
+    assert 0 < int(got["prefix"].loss_mask[: len(head)].sum()) == len(first)

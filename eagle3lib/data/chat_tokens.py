@@ -115,8 +115,10 @@ def _lcp(a: str, b: str) -> int:
     return lo
 
 
-def _mask_by_generation(tok: Any, messages: list[dict[str, Any]], kwargs: dict[str, Any]) -> tuple[list[int], list[int]]:
-    enc = tok.apply_chat_template(messages, tokenize=True, return_dict=True, return_assistant_tokens_mask=True, **kwargs)
+def _mask_by_generation(tok: Any, messages: list[dict[str, Any]], kwargs: dict[str, Any],
+                        generation_prompt: bool = False) -> tuple[list[int], list[int]]:
+    enc = tok.apply_chat_template(messages, tokenize=True, return_dict=True, return_assistant_tokens_mask=True,
+                                  add_generation_prompt=generation_prompt, **kwargs)
     return list(enc["input_ids"]), list(enc["assistant_masks"])
 
 
@@ -164,9 +166,10 @@ def assistant_char_spans(tok: Any, messages: list[dict[str, Any]], full: str, kw
     return spans
 
 
-def _mask_by_prefixes(tok: Any, messages: list[dict[str, Any]], kwargs: dict[str, Any],
-                      end_markers: list[str]) -> tuple[list[int], list[int]]:
-    full = tok.apply_chat_template(messages, tokenize=False, **kwargs)
+def _mask_by_prefixes(tok: Any, messages: list[dict[str, Any]], kwargs: dict[str, Any], end_markers: list[str],
+                      generation_prompt: bool = False) -> tuple[list[int], list[int]]:
+    # the spans are found by rendering prefixes with the generation prompt: a trailing one in `full` holds none
+    full = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt, **kwargs)
     spans = assistant_char_spans(tok, messages, full, kwargs, end_markers)
     if getattr(tok, "is_fast", False):  # character offsets map tokens to spans
         enc = tok(full, add_special_tokens=False, return_offsets_mapping=True)
@@ -235,11 +238,11 @@ class ChatTokenizer:
         if not messages or messages[-1].get("role") != "assistant":
             raise TokenizeError("answer_token_ids given, but the conversation does not end with an assistant turn")
         msgs = _template_messages(messages[:-1])
-        kwargs = {**self.kwargs, "add_generation_prompt": True, **({"tools": tools} if tools else {})}
+        kwargs = {**self.kwargs, "tools": tools} if tools else self.kwargs
         if self.mask_method == "generation":
-            ids, mask = _mask_by_generation(self.tok, msgs, kwargs)
+            ids, mask = _mask_by_generation(self.tok, msgs, kwargs, generation_prompt=True)
         else:
-            ids, mask = _mask_by_prefixes(self.tok, msgs, kwargs, self.end_markers)
+            ids, mask = _mask_by_prefixes(self.tok, msgs, kwargs, self.end_markers, generation_prompt=True)
         return (np.asarray([*ids, *answer_ids], dtype=np.int32),
                 np.asarray([*mask, *([1] * len(answer_ids))], dtype=bool))
 
