@@ -30,7 +30,7 @@ from eagle3lib.core.atomic import write_json_atomic, write_text_atomic
 from eagle3lib.core.manifest import StageTimer, read_manifest, timed_stage
 from eagle3lib.evaluation.inputs import best_is_chosen
 from eagle3lib.training.metrics import read_metrics
-from eagle3lib.training.variants import finished_with, train_variant
+from eagle3lib.training.variants import QUIET, finished_with, train_variant
 
 
 class DataScalingError(RuntimeError):
@@ -41,7 +41,7 @@ def _point_overrides(ctx, fraction: float) -> dict[str, Any]:
     cfg, tcfg = ctx.cfg, ctx.profile.section("train")
     epochs = (cfg.epochs or tcfg.epochs) / (fraction if cfg.schedule == "steps" else 1.0)
     return {"train.train_fraction": fraction, "train.epochs": epochs,
-            "train.patience": cfg.patience, "train.report_to": [], "train.export_layouts": []}
+            "train.patience": cfg.patience, **QUIET}
 
 
 def point_dir(ctx, fraction: float) -> Path:

@@ -29,16 +29,12 @@ from eagle3lib.core.manifest import StageTimer, timed_stage
 from eagle3lib.evaluation.inputs import best_is_chosen
 from eagle3lib.evaluation.phases import fingerprint, load_phase, save_phase
 from eagle3lib.evaluation.vllm_tau import measure_served
-from eagle3lib.training.variants import finished_with, train_variant
+from eagle3lib.training.variants import QUIET, finished_with, train_variant
 from eagle3lib.vllm.speculative_config import served_as, speculative_config
 
 
 class RecipesError(RuntimeError):
     pass
-
-
-# not what a recipe changes: a variant neither logs to the run's trackers nor writes other layouts
-QUIET = {"train.report_to": [], "train.export_layouts": []}
 
 
 def _train_chain(ctx, name: str, echo) -> dict[str, Any]:

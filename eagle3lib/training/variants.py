@@ -18,6 +18,11 @@ BOOKKEEPING = {"report_to", "tracker_project", "tracker_run_name", "wandb_mode",
                "log_every", "ckpt_every", "keep_checkpoints", "resume", "threads"}
 
 
+# what a variant does not inherit from the run's own training: it neither logs to the run's trackers nor writes the
+# other checkpoint layouts (bookkeeping above: still the same recipe)
+QUIET = {"train.report_to": [], "train.export_layouts": []}
+
+
 def recipe_of(params: dict[str, Any] | None, ignore: frozenset[str] = frozenset()) -> dict[str, Any]:
     """The train settings of a manifest's params that decide the drafter."""
     return {k: v for k, v in ((params or {}).get("train") or {}).items() if k not in BOOKKEEPING | ignore}
