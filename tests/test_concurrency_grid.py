@@ -66,11 +66,12 @@ def test_a_pass_keeps_the_batch_full_by_cycling_the_prompts():
 
 @pytest.mark.slow
 def test_stage_measures_the_grid_and_vllm_follows_a_schedule(spec_server, vllm_server, train_dir, tmp_path):
-    """The evaluate stage's grid at concurrency 1, 2, 4 on the session's servers (K = 0: the verifier alone; K = 3:
-    the spec server), then a schedule served by a server of its own: K = 0 (no drafting) at batch 1, K = 1 at batch
-    2, K = 3 from batch 3. At concurrency 1 nothing is drafted, at 2 every round drafts exactly 1 token (the tail's
-    batch of 1 drafts none), at 4 most rounds draft 3: vLLM applies the schedule per step. Every greedy output is the
-    verifier's alone. A rerun reuses every measured phase."""
+    """The evaluate stage's grid at concurrency 1 and 2 on the session's servers (K = 0: the verifier alone; K = 3:
+    the spec server), then a schedule served by a server of its own: K = 0 (no drafting) at batch 1, K = 2 from batch
+    2. At concurrency 1 nothing is drafted, at 2 every round drafts 2 (the tail's batch of 1 drafts none): vLLM applies
+    the schedule per step. Every greedy output is the verifier's alone. A rerun reuses every measured phase.
+    (Concurrency 1 and 2 only: each pass sends 8 x concurrency requests, and a third point at 4 doubled the test's
+    time in the suite.)"""
     from eagle3lib.config.stages import open_stage
     from eagle3lib.stages.evaluate import run as run_evaluate
 
@@ -80,11 +81,11 @@ def test_stage_measures_the_grid_and_vllm_follows_a_schedule(spec_server, vllm_s
     over = {"evaluate.n_prompts": 8, "evaluate.max_tokens": 16, "evaluate.concurrency": 4, "evaluate.progress": False,
             "evaluate.modes": ["greedy"], "evaluate.library": False, "evaluate.checkpoint": "final",
             "evaluate.spec_server_url": spec_server.base_url, "evaluate.base_server_url": vllm_server.base_url,
-            "evaluate.concurrency_sweep": [1, 2, 4], "evaluate.ttt_steps_schedule": [[1, 1, 0], [2, 2, 1], [3, 64, 3]],
+            "evaluate.concurrency_sweep": [1, 2], "evaluate.ttt_steps_schedule": [[1, 1, 0], [2, 64, 2]],
             "evaluate.grid_repeats": 2}
     r = run_evaluate(open_stage("evaluate", "tiny", run, over))
     grid, f = r["results"]["concurrency_grid"], r["figures"]
-    assert [(row["ttt_steps"], row["concurrency"]) for row in grid["rows"]] == [(k, c) for k in (0, 3) for c in (1, 2, 4)]
+    assert [(row["ttt_steps"], row["concurrency"]) for row in grid["rows"]] == [(k, c) for k in (0, 3) for c in (1, 2)]
     assert all(row["greedy_same_output_frac"] == 1.0 and row["tokens_per_s"] > 0 for row in grid["rows"])
     assert all(row["tau"] > 1.3 for row in grid["rows"] if row["ttt_steps"] == 3)  # the drafter is accepted
     phase = json.loads((run / "evaluate" / "phases" / "grid_k0.json").read_text())["result"]
@@ -96,10 +97,9 @@ def test_stage_measures_the_grid_and_vllm_follows_a_schedule(spec_server, vllm_s
     assert grid["schedule_source"] == "evaluate.ttt_steps_schedule"
     per = {row["concurrency"]: row for row in grid["per_concurrency"]}
     assert per[1]["drafted_per_round"] == 0.0 and per[1]["tau"] is None  # K = 0 at batch 1: the verifier alone
-    assert per[2]["drafted_per_round"] == 1.0  # K = 1 at batch 2, every round
-    assert 2.0 < per[4]["drafted_per_round"] <= 3.0  # K = 3 while 3+ requests run
+    assert per[2]["drafted_per_round"] == 2.0  # K = 2 at batch 2 (not 3, the spec server's K), every drafting round
     assert all(row["greedy_same_output_frac"] == 1.0 for row in per.values())
-    assert '"num_speculative_tokens_per_batch_size": [[1, 1, 0], [2, 2, 1], [3, 64, 3]]' in grid["serve_command"]
+    assert '"num_speculative_tokens_per_batch_size": [[1, 1, 0], [2, 64, 2]]' in grid["serve_command"]
     assert f["grid_speedup_k3_c1"] == pytest.approx(per_row(grid, 3, 1)["speedup"]) and "grid_score_schedule" in f
     again = run_evaluate(open_stage("evaluate", "tiny", run, over))  # every phase kept: no server starts, same rows
     assert again["results"]["concurrency_grid"]["rows"] == grid["rows"]

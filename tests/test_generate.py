@@ -129,12 +129,12 @@ def test_reasoning_captured_concurrency_and_manifest(vllm_server, plain_server, 
 
     monkeypatch.setenv("EAGLE3_TEST_KEY", "sk-never-written-0123456789")  # vLLM without --api-key ignores it
     out = tmp_path / "generate"
-    res = generate(_cfg(max_samples=40, shard_records=15), _verifier(vllm_server, api_key_env="EAGLE3_TEST_KEY"), out)
+    res = generate(_cfg(max_samples=24, shard_records=9), _verifier(vllm_server, api_key_env="EAGLE3_TEST_KEY"), out)
     f = res["figures"]
     assert set(MANIFEST_FIGURES) <= set(f)
-    assert f["samples_total"] == 40
-    assert f["samples_ok"] + f["samples_truncated"] + f["samples_empty"] + f["samples_failed"] == 40
-    assert f["samples_failed"] == 0 and f["samples_ok"] >= 36, f
+    assert f["samples_total"] == 24
+    assert f["samples_ok"] + f["samples_truncated"] + f["samples_empty"] + f["samples_failed"] == 24
+    assert f["samples_failed"] == 0 and f["samples_ok"] >= 21, f
     assert f["max_in_flight"] == 8 and f["concurrency"] == 8  # the bound was reached, never exceeded
     assert f["output_tokens"] > 0 and f["input_tokens"] > 0 and 0 < f["reasoning_tokens_est"] < f["output_tokens"]
     assert f["server_model"] == str(vllm_server.model) and f["server_version"]
@@ -145,7 +145,7 @@ def test_reasoning_captured_concurrency_and_manifest(vllm_server, plain_server, 
     convs = list(iter_generated(out))
     assert len(convs) == f["samples_ok"] and len({c.id for c in convs}) == len(convs)
     tok, verbatim = AutoTokenizer.from_pretrained(vllm_server.model), 0
-    expected = {c.id: c for c in load_prompts(_cfg(max_samples=40)).items}
+    expected = {c.id: c for c in load_prompts(_cfg(max_samples=24)).items}
     both = 0
     for c in convs:
         answer = c.messages[-1]

@@ -115,11 +115,11 @@ def test_tiny_pipeline_end_to_end(tiny_run):
     assert dep["inputs"]["acceptance_per_position"] == greedy["accept_rate_pos"]
     assert dep["inputs"]["drafter_source"] == "the trained drafter" and len(dep["schedules"]) == 4
 
-    # data scaling (the run's second command): 1/4 and 1/2 trained with the same 24 steps, the 1/2 drafter measured
-    # by its own vLLM server, the whole data's point taken from the evaluate stage
+    # data scaling (the run's second command): 1/4 and 1/2 trained with the same 24 steps, the whole data's point
+    # measured by vLLM in the evaluate stage and taken from it (no server of its own)
     d = manifest(run, "data_scaling")["figures"]
     assert d["points"] == 3 and d["points_trained_here"] == 2
-    assert d["tau_vllm_greedy_1"] == e["tau_vllm_greedy"] and 1.0 <= d["tau_vllm_greedy_0.5"] <= k + 1
+    assert d["tau_vllm_greedy_1"] == e["tau_vllm_greedy"] and "tau_vllm_greedy_0.5" not in d
     planned = [manifest(run, f"data_scaling/fraction-{f}")["figures"]["planned_steps"] for f in ("0.25", "0.5")]
     assert planned == [24, 24]  # as many steps as the whole data (train.patience may stop one sooner)
     html = (run / "data_scaling" / "report.html").read_text()
