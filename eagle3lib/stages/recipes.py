@@ -4,9 +4,10 @@ Each of `recipes.names` trains a drafter on this run's store (the same data for 
 the train stage again in RUN_DIR/recipes/<name>/ (resumable, reused when it finished with the same settings; the train
 stage's own run when its settings are the recipe's), DFlash its own trainer in RUN_DIR/recipes/dflash/. Then the
 verifier alone and every recipe's drafter are served by vLLM, one server at a time, on evaluate's prompts, K and
-server settings, each decoding `recipes.modes`: tau (and per draft position, per category), tokens/s and its ratio to
-the verifier alone, and whether greedy outputs are the verifier's own. Each measurement is a phase keyed by what it
-depends on (RUN_DIR/recipes/phases/), so a rerun, or one with a recipe more, measures only what changed.
+server settings, each decoding `recipes.modes`: tau (per draft position, per category and context bucket too),
+tokens/s and its ratio to the verifier alone, and whether greedy outputs are the verifier's own. Each measurement is a
+phase keyed by what it depends on (RUN_DIR/recipes/phases/), so a rerun, or one with a recipe more, measures only
+what changed.
 
 Outputs in RUN_DIR/recipes/: recipes.json (rows, the verifier alone, settings), recipes.csv, recipes.png, manifest.json.
 """
@@ -153,10 +154,13 @@ def _run(ctx, timer: StageTimer, echo) -> dict[str, Any]:
     write_text_atomic(ctx.dir / "recipes.csv", _csv(rows))
     outputs = {"results": "recipes.json", "table": "recipes.csv"}
     try:
+        import matplotlib.pyplot as plt
+
         from eagle3lib.reports.recipes import plot_recipes
 
         fig = plot_recipes(result)
         fig.savefig(ctx.dir / "recipes.png", dpi=110, bbox_inches="tight")
+        plt.close(fig)
         outputs["plot"] = "recipes.png"
     except Exception as e:  # a plot must never cost the measurement
         echo(f"recipes: plot not written: {type(e).__name__}: {e}")
