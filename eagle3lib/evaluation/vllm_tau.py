@@ -17,8 +17,8 @@ from eagle3lib.vllm.speculative_config import speculative_config
 def measure_served(ecfg, vcfg, ckpt: Path | None, k: int, log_dir: Path, modes: list[str], key: str) -> dict[str, Any]:
     """Start the verifier with `ckpt` as its speculator (K = k; None: the verifier alone, or evaluate's given base
     server), decode evaluate's prompts once per mode, stop it. Per mode: tau, acceptance per draft position, tau per
-    category and per context bucket (evaluate.context_buckets), output tokens/s and the outputs (token ids by prompt id); plus the server's start-up seconds. `key`
-    names what asked for it in errors."""
+    category and per context bucket (evaluate.context_buckets), output tokens/s and the outputs (token ids by prompt
+    id); plus the server's start-up seconds. `key` names what asked for it in errors."""
     from eagle3lib.model.verifier import load_tokenizer, resolve_model
 
     model_path = resolve_model(vcfg.model)

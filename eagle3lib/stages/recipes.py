@@ -75,7 +75,10 @@ def _train_dflash(ctx, model_path: str, k: int, echo) -> dict[str, Any]:
         out.mkdir(parents=True, exist_ok=True)
         write_json_atomic(settings, want)
         echo(f"recipes: training recipe dflash ({out.relative_to(ctx.run_dir)}/)")
-        m = train_dflash(ctx.stage_dir("extract"), model_path, out, dcfg, progress=ctx.cfg.progress)
+        # its step lines stay out of the report (as a chain recipe's do); the curve is in dflash/metrics.jsonl
+        m = train_dflash(ctx.stage_dir("extract"), model_path, out, dcfg, progress=False)
+        f = m["figures"]
+        echo(f"[dflash] done: {f['steps']} steps in {f['train_s']} s, val_tau_est {f['val_tau_est']:.3f}")
         source = "trained here"
     f = m["figures"]
     return {"dir": out, "checkpoint": out / "final", "source": source, "val_tau_est": f.get("val_tau_est"),
