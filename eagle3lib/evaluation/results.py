@@ -109,6 +109,7 @@ def build_figures(results: dict[str, Any]) -> dict[str, Any]:
             for label, row in (block.get(mode) or {}).get("context_buckets", {}).items():
                 f[f"tau_{side}_{mode}_{bucket_key(label)}"] = row.get("tau")
                 f[f"rounds_{side}_{mode}_{bucket_key(label)}"] = row.get("rounds")
+            f.update(spread_figures(block.get(mode) or {}, f"{side}_{mode}"))
     lib = results.get("lib") or {}
     f["speedup_lib"] = lib.get("speedup")
     f["lib_tokens_per_s_plain"] = (lib.get("plain") or {}).get("tokens_per_s")
@@ -143,6 +144,20 @@ def build_figures(results: dict[str, Any]) -> dict[str, Any]:
                   "gpu_model": sweep["gpu_model"]})
     f["num_prompts_seen_in_training"] = results["prompts"].get("seen_in_training")
     f["warnings"] = len(results["warnings"])
+    return f
+
+
+def spread_figures(row: dict[str, Any], name: str) -> dict[str, Any]:
+    """tau's interval over prompts and tau apart for answers that loop (eagle3lib/evaluation/per_prompt.py), where the
+    measurement has them: the library always, vLLM with evaluate.per_prompt."""
+    f: dict[str, Any] = {}
+    if row.get("tau_interval"):
+        f[f"tau_{name}_lo"], f[f"tau_{name}_hi"] = row["tau_interval"]
+    loops = row.get("loops")
+    if loops:
+        f[f"looping_share_{name}"] = loops["looping_share"]
+        f[f"tau_{name}_not_looping"] = loops["not_looping"]["tau"]
+        f[f"tau_{name}_looping"] = loops["looping"]["tau"]
     return f
 
 

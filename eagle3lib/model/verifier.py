@@ -28,7 +28,12 @@ BUILTINS = {  # verifier.model -> what it is (the names the stage reports show)
 
 def resolve_model(model: str) -> str:
     """`builtin:tiny`, `builtin:tiny-long`, `builtin:tiny-kimi` (its Kimi-K2.5 wrapper form: `builtin:tiny-kimi-k25`) -> the cached tiny
-    verifier (built on first use); anything else is an HF id or a local dir."""
+    verifier (built on first use); `builtin:smollm2-135m-instruct` -> the real model from its wheel (model/packaged.py,
+    built on first use); anything else is an HF id or a local dir."""
+    from eagle3lib.model.packaged import PACKAGED, packaged_verifier_path
+
+    if model in PACKAGED:
+        return str(packaged_verifier_path(model))
     if model in BUILTINS:
         from eagle3lib.tiny.build import tiny_kimi_k25_path, tiny_verifier_path
         from eagle3lib.tiny.kimi import TinyKimiRecipe
@@ -40,7 +45,7 @@ def resolve_model(model: str) -> str:
             return str(tiny_verifier_path(TinyLongRecipe()))
         return str(tiny_verifier_path(TinyKimiRecipe()) if model == "builtin:tiny-kimi" else tiny_kimi_k25_path())
     if model.startswith("builtin:"):
-        raise ValueError(f"verifier.model: unknown builtin '{model}' (known: {', '.join(BUILTINS)})")
+        raise ValueError(f"verifier.model: unknown builtin '{model}' (known: {', '.join([*BUILTINS, *PACKAGED])})")
     return model
 
 
@@ -52,7 +57,9 @@ def missing_local_folder(model: str) -> bool:
 
 def describe_model(model: str) -> str:
     """verifier.model as a report shows it."""
-    return BUILTINS.get(model, model)
+    from eagle3lib.model.packaged import PACKAGED
+
+    return PACKAGED[model].describe() if model in PACKAGED else BUILTINS.get(model, model)
 
 
 def default_aux_layers(num_layers: int) -> list[int]:

@@ -79,18 +79,29 @@ def recipe_problems(prof: Any, vconf: Any, cuda: bool) -> list[str]:
 
 
 def missing_datasets(prof: Any, stage_names: list[str]) -> list[str]:
-    """The local dataset files the stages would read that do not exist (builtin and hub datasets are not checked)."""
+    """The dataset files the stages would read that do not exist, and builtin datasets whose package is not
+    installed (hub datasets are not checked)."""
     from pathlib import Path
 
-    from eagle3lib.data.datasets import BUILTIN, HUB_PREFIX
+    from eagle3lib.data.datasets import HUB_PREFIX, DatasetError, resolve_path
 
     wanted = []
     if "generate" in stage_names:
         wanted.append(("generate.dataset", prof.section("generate").dataset))
     if "extract" in stage_names and prof.section("extract").source != "generate":
         wanted.append(("extract.source", prof.section("extract").source))
-    return [f"{key}: no such file: {path} (relative paths are from the directory the run starts in)"
-            for key, path in wanted if path not in BUILTIN and not path.startswith(HUB_PREFIX) and not Path(path).exists()]
+    if "evaluate" in stage_names:
+        wanted.append(("evaluate.prompts", prof.section("evaluate").prompts))
+    problems = []
+    for key, path in wanted:
+        if path.startswith("builtin:"):
+            try:
+                resolve_path(path)
+            except DatasetError as e:
+                problems.append(f"{key}: {e}")
+        elif not path.startswith(HUB_PREFIX) and not Path(path).exists():
+            problems.append(f"{key}: no such file: {path} (relative paths are from the directory the run starts in)")
+    return problems
 
 
 def train_launch_problems(tcfg: Any, cuda: bool) -> list[str]:

@@ -41,6 +41,27 @@ def category_table(results: dict[str, Any]) -> pl.DataFrame:
     return pl.DataFrame(rows, schema=schema, orient="row")
 
 
+def spread_table(results: dict[str, Any]) -> pl.DataFrame:
+    """Per measurement: tau with its 95% interval over prompts (bootstrap), the share of answers that loop (the same
+    n-gram repeated to the end) and tau on the answers that do not and on those that do: the library always, vLLM
+    with evaluate.per_prompt."""
+    rows = []
+    for side, label in (("lib", "library"), ("vllm", "vLLM")):
+        for mode in ("greedy", "sampled"):
+            m = (results.get(side) or {}).get(mode) or {}
+            if not m.get("loops"):
+                continue
+            lo, hi = m.get("tau_interval") or (None, None)
+            loops = m["loops"]
+            rows.append({"measurement": f"{label}, {mode}", "tau": m.get("tau"), "tau_95_lo": lo, "tau_95_hi": hi,
+                         "looping_share": loops["looping_share"], "tau_not_looping": loops["not_looping"]["tau"],
+                         "prompts_not_looping": loops["not_looping"]["prompts"], "tau_looping": loops["looping"]["tau"]})
+    schema = {"measurement": pl.Utf8, "tau": pl.Float64, "tau_95_lo": pl.Float64, "tau_95_hi": pl.Float64,
+              "looping_share": pl.Float64, "tau_not_looping": pl.Float64, "prompts_not_looping": pl.Int64,
+              "tau_looping": pl.Float64}
+    return pl.DataFrame(rows, schema=schema, orient="row")
+
+
 def context_table(results: dict[str, Any]) -> pl.DataFrame:
     """tau per context-length bucket (evaluate.context_buckets) and method, with the library's rounds in each: the
     library buckets each round by its context, vLLM each request by its prompt (eagle3lib/data/context_buckets.py)."""

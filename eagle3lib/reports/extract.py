@@ -81,3 +81,16 @@ def ranks_table(figures: dict[str, Any]):
         return None
     keep = ["rank", "host", "samples_this_run", "tokens_this_run", "loop_s", "tokens_per_s", "device"]
     return Table(pl.DataFrame([{k: r.get(k) for k in keep if k in rows[0]} for r in rows]))
+
+
+def records_table(figures: dict[str, Any]):
+    """The generate records: kept by status (truncated = cut at generate.max_tokens, trained on as generated, no
+    end-of-turn token) and dropped by reason; None for a store extracted from a dataset."""
+    from eagle3lib.reports.tables import Table
+
+    kept, dropped = figures.get("records_kept"), figures.get("records_dropped")
+    if kept is None and dropped is None:
+        return None
+    rows = [{"records": "kept", "why": k, "count": n} for k, n in (kept or {}).items()]
+    rows += [{"records": "dropped", "why": k, "count": n} for k, n in (dropped or {}).items()]
+    return Table(pl.DataFrame(rows, schema={"records": pl.String, "why": pl.String, "count": pl.Int64}))

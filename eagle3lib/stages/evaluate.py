@@ -36,6 +36,7 @@ from eagle3lib.evaluation.inputs import (
 )
 from eagle3lib.evaluation.k_sweep import k_sweep
 from eagle3lib.evaluation.library import library_device, measure_library, per_prompt_rows, summarize_library
+from eagle3lib.evaluation.per_prompt import add_spread, lib_outputs, lib_rows
 from eagle3lib.evaluation.phases import fingerprint, load_phase, save_phase
 from eagle3lib.evaluation.results import (
     build_figures,
@@ -145,6 +146,8 @@ def _run(ctx, cfg, vcfg, timer) -> dict[str, Any]:
             "extra_server_args": vcfg.extra_server_args, "warmup": cfg.warmup_requests}
     if cfg.context_buckets:  # vLLM's passes run per bucket group (the library's buckets come from its records)
         vkey["context_buckets"] = cfg.context_buckets
+    if cfg.per_prompt:  # every prompt alone
+        vkey["per_prompt"] = True
     spec_cfg = speculative_config(ckpt, k)
     keys = {w: {**vkey, "which": w, "url": servers.key_url(w)} for w in ("spec", "base")}
     cached = {w: load_phase(out_dir, f"vllm_{w}", keys[w]) if cfg.vllm else None for w in ("spec", "base")}
@@ -167,6 +170,7 @@ def _run(ctx, cfg, vcfg, timer) -> dict[str, Any]:
             results["phases"]["library"] = {"seconds": round(time.time() - t0, 1), "reused": reused}
             results["lib"] = summarize_library(lib_raw, cfg.modes, k, cfg.context_buckets)
             results["lib_per_prompt"] = per_prompt_rows(lib_raw, cfg.modes)
+            add_spread(results["lib"], cfg.modes, lib_rows(lib_raw, cfg.modes), lib_outputs(lib_raw), eos)
             results["prompts"]["used_lib"] = len(lib_prompts)
             if "greedy" in cfg.modes and results["lib"]["greedy_equals_plain_frac"] < 1.0:
                 notes.append(f"library greedy speculative output differs from plain greedy decoding on "
@@ -200,6 +204,9 @@ def _run(ctx, cfg, vcfg, timer) -> dict[str, Any]:
                 else:
                     v["base"] = {m: res[m] for m in cfg.modes}
                     v["base_server"] = res["server"]
+            if cfg.per_prompt:
+                add_spread(v, cfg.modes, {m: list(v[m].get("per_prompt", {}).values()) for m in cfg.modes},
+                           {m: v[m]["outputs"] for m in cfg.modes}, eos)
             if "greedy" in cfg.modes:
                 v["greedy_same_output_frac_spec_base"] = same_frac(v["greedy"]["outputs"],
                                                                     v["base"]["greedy"]["outputs"])

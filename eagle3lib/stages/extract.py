@@ -1,6 +1,8 @@
 """The extract stage: verifier hidden states for drafter training, into a sharded store (eagle3lib.data.hidden_store).
 
-Input: the generate stage's responses (`source: generate`, status "ok" only) or, prefill-only, a conversation dataset.
+Input: the generate stage's responses (`source: generate`: those that ended, and by default those cut at
+generate.max_tokens, as generated; the log, report and manifest count what is kept and dropped by reason) or,
+prefill-only, a conversation dataset.
 Each conversation is rendered with the verifier's chat template (loss mask on the assistant tokens, eagle3lib.data.chat_tokens),
 then one of two backends computes, per token, the hidden states entering the 3 EAGLE-3 feature layers and the final
 hidden state before the verifier's last norm:
@@ -67,13 +69,28 @@ def _say(msg: str) -> None:
 
 
 def load_source(source: str, gen_dir: Path | None, max_samples: int | None = None,
-                on_bad_record: str = "error", read: ReadStats | None = None) -> tuple[list[Conversation], str]:
-    """(conversations, description of where they came from). `read` counts unreadable lines of generate shards."""
+                on_bad_record: str = "error", read: ReadStats | None = None, truncated_answers: str = "keep",
+                answer_tokens: str = "generated") -> tuple[list[Conversation], str, dict[str, dict[str, int]]]:
+    """(conversations, description of where they came from, {"kept": status -> n, "dropped": reason -> n} of the
+    generate records). `read` counts unreadable lines of generate shards.
+
+    An answer cut at generate.max_tokens (status truncated) is still the verifier's own tokens: it is kept by default,
+    as the ids vLLM generated with no end-of-turn token after them. Without those ids (extract.answer_tokens:
+    rendered, or records from before generate kept them) the chat template would close the cut answer with its
+    end-of-turn token, teaching the drafter an end the verifier never wrote, so such an answer is dropped."""
+    counts: dict[str, dict[str, int]] = {"kept": {}, "dropped": {}}
     if source == "generate":
         if gen_dir is None or not gen_dir.is_dir() or not any(gen_dir.glob("shard-*.jsonl")):
             raise ExtractError(f"extract.source=generate: no generate output in {gen_dir} (run the generate stage first, "
                                "or set extract.source to a dataset for prefill-only extraction)")
-        convs = list(iter_generated(gen_dir, statuses=("ok",), stats=read))
+        convs = []
+        for c in iter_generated(gen_dir, statuses=None, stats=read):
+            status = c.extra.get("status")
+            reason = _drop_reason(status, bool(c.extra.get("answer_token_ids")), truncated_answers, answer_tokens)
+            side, key = ("dropped", reason) if reason else ("kept", status)
+            counts[side][key] = counts[side].get(key, 0) + 1
+            if not reason:
+                convs.append(c)
         desc = f"generate stage ({gen_dir})"
         if max_samples is not None:
             convs = convs[:max_samples]
@@ -84,8 +101,27 @@ def load_source(source: str, gen_dir: Path | None, max_samples: int | None = Non
             raise ExtractError(f"extract.source: {e}") from None
         desc = source
     if not convs:
-        raise ExtractError(f"extract.source: no conversations in {desc}" + (" with status ok" if source == "generate" else ""))
-    return convs, desc
+        raise ExtractError(f"extract.source: no conversations in {desc}"
+                           + (f" to keep (dropped: {_counts_line(counts['dropped'])})" if source == "generate" else ""))
+    return convs, desc, counts
+
+
+def _drop_reason(status: str | None, has_ids: bool, truncated_answers: str, answer_tokens: str) -> str | None:
+    """Why a generate record is not training data (None: it is)."""
+    if status == "ok":
+        return None
+    if status == "truncated":
+        if truncated_answers == "drop":
+            return "truncated (extract.truncated_answers: drop)"
+        if answer_tokens != "generated" or not has_ids:
+            return "truncated, without the generated token ids"
+        return None
+    return {"empty": "empty answer", "failed": "failed request", "partial": "unfinished turns (generate interrupted)"
+            }.get(str(status), f"status {status}")
+
+
+def _counts_line(counts: dict[str, int]) -> str:
+    return ", ".join(f"{n:,} {k}" for k, n in sorted(counts.items(), key=lambda kv: -kv[1])) or "none"
 
 
 # ------------------------------------------------------------------------------------------------------------ disk
@@ -141,7 +177,11 @@ def extract(cfg: Any, vcfg: Any, out_dir: str | Path, gen_dir: str | Path | None
     # --- tokenize everything first: the disk estimate needs the token count
     t0 = time.time()
     read = ReadStats()
-    convs, desc = load_source(cfg.source, Path(gen_dir) if gen_dir else None, cfg.max_samples, cfg.on_bad_record, read)
+    convs, desc, source_counts = load_source(cfg.source, Path(gen_dir) if gen_dir else None, cfg.max_samples,
+                                             cfg.on_bad_record, read, cfg.truncated_answers, cfg.answer_tokens)
+    if cfg.source == "generate":
+        _say(f"generate records kept: {_counts_line(source_counts['kept'])}; dropped: "
+             f"{_counts_line(source_counts['dropped'])}")
     if read.torn_lines:
         _say(f"{read.torn_lines} unreadable line(s) in the generate shards skipped ({', '.join(read.torn_at)}): a torn "
              "write; running the generate stage again answers those prompts again")
@@ -250,8 +290,12 @@ def extract(cfg: Any, vcfg: Any, out_dir: str | Path, gen_dir: str | Path | None
         "tokens_per_s": round(this_tokens / loop_s, 1) if loop_s > 0 else 0.0,
         "backend": cfg.backend,
         "skipped_no_assistant": tstats.skipped_no_assistant,
-        "truncated": tstats.truncated,
+        "truncated": tstats.truncated,  # samples cut to max_sample_tokens
         "dropped_too_long": tstats.dropped_too_long,
+        # the generate records: kept by status (truncated = answers cut at generate.max_tokens, kept as generated),
+        # dropped by reason
+        "records_kept": source_counts["kept"],
+        "records_dropped": source_counts["dropped"],
         "shards": tot["shards"],
         # extras
         "input_conversations": tstats.conversations,

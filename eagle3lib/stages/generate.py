@@ -26,6 +26,7 @@ import json
 import sys
 import time
 from collections import deque
+from collections.abc import Callable
 from contextlib import AsyncExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,7 +39,7 @@ from eagle3lib.core.async_run import run_coroutine
 from eagle3lib.core.atomic import write_json_atomic
 from eagle3lib.core.manifest import StageTimer, read_manifest, update_manifest
 from eagle3lib.core.progress import progress_bar
-from eagle3lib.data.datasets import Conversation, DatasetError, resolve_path
+from eagle3lib.data.datasets import Conversation, DatasetError, dataset_key
 from eagle3lib.data.multi_turn import resume_turn
 from eagle3lib.data.prompt_set import Prompts, load_prompts
 from eagle3lib.data.records import FINAL_STATUSES, STATUSES, ReadStats, ShardWriter, latest_records, list_shards
@@ -112,7 +113,7 @@ def make_record(conv: Conversation, result: ChatResult | None, error: str | None
 def run_key(cfg, verifier_cfg) -> dict[str, Any]:
     key = {k: getattr(cfg, k) for k in KEY_FIELDS}
     try:
-        key["dataset"] = str(resolve_path(cfg.dataset).resolve())
+        key["dataset"] = dataset_key(cfg.dataset)
     except DatasetError:
         pass
     key["verifier_model"] = verifier_cfg.served_model_name or verifier_cfg.model
@@ -146,7 +147,7 @@ def _saved_key(gen_dir: Path) -> dict[str, Any]:
                             "them; restore the file, or re-run the stage with --force to start over")
     old = {k: params[k] for k in KEY_FIELDS if k in params}
     try:
-        old["dataset"] = str(resolve_path(old["dataset"]).resolve())
+        old["dataset"] = dataset_key(old["dataset"])
     except (KeyError, DatasetError):
         pass
     return json.loads(json.dumps(old))
@@ -200,7 +201,10 @@ def dataset_figures(prompts: Prompts, latest: dict[str, tuple[dict[str, Any], st
         **_turn_figures(prompts, latest),
         "skipped_no_user_turn": prompts.skipped_no_user_turn,
         "skipped_empty_user_turn": prompts.skipped_empty_user_turn,
+        "skipped_too_long": prompts.skipped_too_long,  # prompt + max_tokens over verifier.max_model_len
         "bad_records": prompts.load.bad_records,
+        "cut_records": prompts.load.cut_records,  # a JSON array file cut inside a record (ShareGPT V3's wheel)
+        "duplicate_conversations": prompts.load.duplicates,  # builtin:sharegpt: exact duplicates dropped
         "input_records": prompts.load.records,
         "input_tokens": input_tokens,
         "output_tokens": output_tokens,
@@ -339,7 +343,7 @@ def generate(cfg, verifier_cfg, out_dir: str | Path, *, manifest_params: dict[st
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    prompts = load_prompts(cfg)  # bad input fails here, before a server is started
+    prompts = load_prompts(cfg, prompt_fits(cfg, verifier_cfg))  # bad input fails here, before a server is started
     if not prompts.items and not cfg.allow_empty:
         raise DatasetError(f"generate.dataset {cfg.dataset}: no prompt to answer ({prompts.load.records} records, "
                            f"{prompts.skipped_no_user_turn} without a user turn, {prompts.skipped_empty_user_turn} whose "
@@ -401,6 +405,28 @@ def generate(cfg, verifier_cfg, out_dir: str | Path, *, manifest_params: dict[st
     return {"figures": figures, "outputs": {"shards": shards}}
 
 
+def prompt_fits(cfg, verifier_cfg) -> Callable[[Conversation], bool] | None:
+    """Whether a prompt, rendered as the server will render it, leaves room for generate.max_tokens within
+    verifier.max_model_len (vLLM refuses such a request: ShareGPT holds many prompts of thousands of tokens). None
+    (no check) when the verifier's tokenizer is not on this machine or max_tokens is unset."""
+    from eagle3lib.model.verifier import load_tokenizer, resolve_model
+
+    if cfg.max_tokens is None:
+        return None
+    path = resolve_model(verifier_cfg.model)
+    if not Path(path).is_dir():
+        return None
+    tok = load_tokenizer(path, verifier_cfg.trust_remote_code)
+    budget = verifier_cfg.max_model_len - cfg.max_tokens
+
+    def fits(conv: Conversation) -> bool:
+        ids = tok.apply_chat_template(conv.messages, tools=conv.tools, add_generation_prompt=True, tokenize=True,
+                                      return_dict=True, **(cfg.chat_template_kwargs or {}))["input_ids"]
+        return len(ids) <= budget
+
+    return fits
+
+
 def to_send(prompts: Prompts, latest: dict[str, tuple[dict[str, Any], str]], done_statuses: set[str]) -> list[Conversation]:
     """The prompts to send now: those without a finished record; a conversation regenerated turn by turn continues
     at the turn after its latest answered one (or retries the turn that failed)."""
@@ -451,7 +477,8 @@ def _print_summary(f: dict[str, Any], stats: RunStats) -> None:
     print(f"generate: {f['samples_total']} prompts: {f['samples_ok']} ok, {f['samples_truncated']} truncated, "
           f"{f['samples_empty']} empty, {f['samples_failed']} failed ({f['samples_resumed']} done before this run); "
           f"skipped {f['skipped_no_user_turn']} without a user turn, {f['skipped_empty_user_turn']} whose last user turn "
-          f"is empty, {f['bad_records']} bad records")
+          f"is empty, {f['skipped_too_long']} too long for verifier.max_model_len, {f['bad_records']} bad records"
+          + (f", {f['cut_records']} cut record at the end of the file" if f.get("cut_records") else ""))
     if stats.generated:
         print(f"generate: this run {stats.generated} samples, {stats.output_tokens:,} output tokens in {f['wall_s']:.1f} s "
               f"= {f['samples_per_s']:.2f} samples/s, {f['output_tokens_per_s']:,.0f} tokens/s at concurrency "

@@ -40,11 +40,14 @@ def describe(model_path: str, verifier_cfg) -> dict[str, Any]:
                     "first_dense_layers": getattr(c, "first_k_dense_replace", None),
                     "router": f"{getattr(c, 'scoring_func', 'softmax')}, {getattr(c, 'topk_method', 'greedy')}"})
     report = Path(model_path) / "build_report.json"
-    if report.exists():  # the tiny verifier records what its build measured
+    if report.exists():  # a tiny verifier records what its build measured; a packaged one what its weights are
         b = json.loads(report.read_text())
-        out.update({k: b[k] for k in ("parameters", "heldout_loss", "final_train_loss", "train_tokens",
-                                      "train_tokens_per_s", "build_seconds", "recipe_key")})
-        out["train_loss_curve"] = b["train_loss_curve"]
+        keys = ("parameters", "heldout_loss", "final_train_loss", "train_tokens", "train_tokens_per_s", "build_seconds",
+                "recipe_key", "train_loss_curve",
+                "weights", "source", "gguf_sha256", "gguf_tensor_types", "license")  # model/packaged.py
+        out.update({k: b[k] for k in keys if k in b})
+        if "gguf_tensor_types" in out:  # a line the figures table shows: "Q4_1 210, F32 61, Q8_0 1"
+            out["gguf_tensor_types"] = ", ".join(f"{t} {n}" for t, n in out["gguf_tensor_types"].items())
     return out
 
 

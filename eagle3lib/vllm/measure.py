@@ -110,21 +110,23 @@ def _pooled(rows: list[tuple[dict[str, Any], SpecCounters | None]]) -> dict[str,
 
 def run_pass(endpoint: Endpoint, prompts: list[EvalPrompt], *, temperature: float, max_tokens: int, concurrency: int,
              request_timeout_s: float, connect_timeout_s: float, counters: bool, label: str = "",
-             progress: bool = True, bucket: Callable[[EvalPrompt], str] | None = None) -> dict[str, Any]:
-    """Every prompt once, group by group: a group is a category, or with `bucket` a (category, context bucket) pair.
-    Returns totals, per-category rows (and per bucket: "context_buckets") with the counters' deltas when `counters`,
-    and the outputs."""
-    group = [(p.category, bucket(p) if bucket else "") for p in prompts]  # each prompt's, by position
+             progress: bool = True, bucket: Callable[[EvalPrompt], str] | None = None,
+             per_prompt: bool = False) -> dict[str, Any]:
+    """Every prompt once, group by group: a group is a category, or with `bucket` a (category, context bucket) pair;
+    with `per_prompt` every prompt is a group of its own (one request in flight, the counters read around it: tau per
+    prompt, "per_prompt"). Returns totals, per-category rows (and per bucket: "context_buckets") with the counters'
+    deltas when `counters`, and the outputs."""
+    group = [(p.category, bucket(p) if bucket else "", p.id if per_prompt else "") for p in prompts]  # by position
     groups = sorted(set(group))
     out: dict[str, Any] = {"temperature": temperature, "seconds": 0.0, "output_tokens": 0, "requests": 0,
                            "categories": {}, "outputs": {}}
-    rows: list[tuple[tuple[str, str], dict[str, Any], SpecCounters | None]] = []
+    rows: list[tuple[tuple[str, str, str], dict[str, Any], SpecCounters | None]] = []
     headers = endpoint.headers()
     bar = progress_bar(total=len(prompts), desc=label or "vllm", unit="request", mininterval=5.0, disable=not progress)
     with http_client(endpoint, concurrency, request_timeout_s, connect_timeout_s) as http, \
             ThreadPoolExecutor(concurrency) as pool:
-        for cat, b in groups:
-            sel = [p for p, g in zip(prompts, group, strict=True) if g == (cat, b)]
+        for g_key in groups:
+            sel = [p for p, g in zip(prompts, group, strict=True) if g == g_key]
             before = fetch_counters(endpoint.base_url, headers) if counters else None
             t0 = time.perf_counter()
             futures = [pool.submit(_complete, http, endpoint, completion_payload(endpoint.model, p, max_tokens,
@@ -135,17 +137,19 @@ def run_pass(endpoint: Endpoint, prompts: list[EvalPrompt], *, temperature: floa
                 bar.update(1)
             dt = time.perf_counter() - t0
             delta = fetch_counters(endpoint.base_url, headers) - before if counters else None
-            rows.append(((cat, b), _group_row(sel, replies, dt, delta), delta))
+            rows.append((g_key, _group_row(sel, replies, dt, delta), delta))
             out["outputs"].update({r["id"]: r["token_ids"] for r in replies})
     bar.close()
     total = _pooled([(r, d) for _, r, d in rows])
     for key in ("seconds", "output_tokens", "tokens_per_s", "tpot_ms"):
         out[key] = total[key]
     out["requests"] = total["prompts"]
-    out["categories"] = {c: _pooled([(r, d) for (c_, _), r, d in rows if c_ == c]) for c in sorted({g[0] for g in groups})}
+    out["categories"] = {c: _pooled([(r, d) for (c_, _, _), r, d in rows if c_ == c]) for c in sorted({g[0] for g in groups})}
     if bucket:
         by_length = dict.fromkeys(g[1] for _, g in sorted(zip((len(p.token_ids) for p in prompts), group, strict=True)))
-        out["context_buckets"] = {b: _pooled([(r, d) for (_, b_), r, d in rows if b_ == b]) for b in by_length}
+        out["context_buckets"] = {b: _pooled([(r, d) for (_, b_, _), r, d in rows if b_ == b]) for b in by_length}
+    if per_prompt:
+        out["per_prompt"] = {pid: {"id": pid, **_pooled([(r, d)])} for (_, _, pid), r, d in rows}
     if counters:
         out.update({k: v for k, v in total.items() if k not in ("prompts", "seconds", "output_tokens", "tokens_per_s",
                                                                 "request_seconds", "tpot_ms", "other_requests",
@@ -153,7 +157,8 @@ def run_pass(endpoint: Endpoint, prompts: list[EvalPrompt], *, temperature: floa
         other = {k: sum(max(0, r[k]) for _, r, _ in rows) for k in ("other_requests", "other_prompt_tokens")}
         if any(other.values()):  # the counters are shared with someone else's decoding: no tau from them
             out["other_traffic"] = other
-            for row in (out, *out["categories"].values(), *(out.get("context_buckets") or {}).values()):
+            for row in (out, *out["categories"].values(), *(out.get("context_buckets") or {}).values(),
+                    *(out.get("per_prompt") or {}).values()):
                 row["tau"] = None
                 row["accept_rate_pos"] = [None] * len(row.get("accept_rate_pos") or [])
     return out
@@ -185,5 +190,5 @@ def measure_vllm(cfg, ep, prompts: list[EvalPrompt], k: int, which: str, key: st
         out[mode] = run_pass(ep, prompts, temperature=t, max_tokens=cfg.max_tokens, concurrency=cfg.concurrency,
                              request_timeout_s=cfg.request_timeout_s, connect_timeout_s=cfg.connect_timeout_s,
                              counters=which == "spec", label=f"vllm {which} {mode}", progress=cfg.progress,
-                             bucket=prompt_bucket(cfg))
+                             bucket=prompt_bucket(cfg), per_prompt=cfg.per_prompt)
     return out

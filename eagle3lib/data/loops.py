@@ -1,0 +1,46 @@
+"""Answers that loop: the same n-gram repeated to the end of the answer (small models do it under greedy and
+low-temperature decoding, until max_tokens cuts them).
+
+A drafter predicts a loop almost perfectly once it has seen one period, so the acceptance length measured on
+looping answers is not what users of the verifier get on the answers they read; the generate and evaluate stages
+count looping answers and report tau on the others separately.
+
+An answer loops when its tail is periodic with some period p <= `max_period` (ids[i] == ids[i - p] for every i in the
+tail) and that tail spans at least `min_repeats` periods and `min_tokens` tokens. Trailing end-of-turn ids are not
+part of it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+
+MAX_PERIOD = 64  # a repeated sentence or list item; longer periods are rarely exact repeats
+MIN_REPEATS = 3  # two copies can be a quotation or a parallel sentence; three to the end is a loop
+MIN_TOKENS = 24  # a short tail of repeated punctuation or a table rule is not a loop
+
+
+def loop_start(ids: Sequence[int], stop_ids: Iterable[int] = (), max_period: int = MAX_PERIOD,
+               min_repeats: int = MIN_REPEATS, min_tokens: int = MIN_TOKENS) -> int | None:
+    """The index where the periodic tail begins (the earliest over all periods), or None when the answer does not
+    loop."""
+    a = np.asarray(ids, dtype=np.int64)
+    stops = set(stop_ids)
+    n = len(a)
+    while n and int(a[n - 1]) in stops:
+        n -= 1
+    a = a[:n]
+    best: int | None = None
+    for p in range(1, min(max_period, n // min_repeats) + 1):
+        same = a[p:] == a[:-p]  # same[j]: a[j + p] == a[j]
+        breaks = np.flatnonzero(~same)
+        start = int(breaks[-1]) + 1 if len(breaks) else 0  # the tail a[start:] equals itself shifted by p
+        span = n - start
+        if span >= max(min_repeats * p, min_tokens) and (best is None or start < best):
+            best = start
+    return best
+
+
+def loops(ids: Sequence[int], stop_ids: Iterable[int] = ()) -> bool:
+    return loop_start(ids, stop_ids) is not None
