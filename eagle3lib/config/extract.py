@@ -18,6 +18,9 @@ class ExtractConfig(TorchrunConfig):
     max_samples: int | None = Field(None, ge=1)  # cap on conversations read (in source order); None = all
     truncated_answers: Literal["keep", "drop"] = "keep"  # answers cut at generate.max_tokens are still the verifier's
     # own tokens: keep them (as generated, no end-of-turn token after them) or drop them; both counted
+    looping_answers: Literal["keep", "trim"] = "keep"  # an answer that loops (the same n-gram repeated to its end, as
+    # small models do until max_tokens): keep it whole, or trim it after two periods of the loop (the repeats after
+    # them teach a drafter nothing more and cost extraction and training time); counted either way
     on_bad_record: Literal["error", "skip"] = "error"  # a sample that does not load or tokenize stops the run (naming it) or is skipped and counted
     # --- tokenization
     max_sample_tokens: int = Field(2048, ge=8)  # tokens kept per sample (the per-sample cut; train.packed_row_tokens is the row length); the Kimi run used 2048 for extraction, 8192 for training

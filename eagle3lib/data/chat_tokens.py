@@ -28,6 +28,8 @@ from typing import Any, Literal
 
 import numpy as np
 
+from eagle3lib.data.loops import loops, trim_loop
+
 GENERATION_RE = re.compile(r"\{%-?\s*generation\s*-?%\}")
 
 
@@ -60,6 +62,8 @@ class TokenizeStats:
     bad_samples: int = 0  # failed to render/tokenize, skipped (on_bad_record="skip")
     duplicate_ids: int = 0  # a second sample with an id already seen, skipped
     answers_as_generated: int = 0  # kept samples whose last answer is the verifier's generated token ids
+    looping_answers: int = 0  # ... of which the answer loops (the same n-gram repeated to its end, data/loops.py)
+    loop_tokens_trimmed: int = 0  # answer tokens cut from looping answers (extract.looping_answers: trim)
     rerendered_differently: int = 0  # ... of which the chat template renders that answer into other tokens
     tokens: int = 0  # in kept samples
     loss_tokens: int = 0  # in kept samples
@@ -204,7 +208,8 @@ class ChatTokenizer:
     def __init__(self, tokenizer: Any, max_sample_tokens: int, too_long: Literal["truncate", "drop"] = "truncate",
                  chat_template_kwargs: dict[str, Any] | None = None, end_of_turn: list[str] | None = None,
                  mask_method: Literal["auto", "generation", "prefix"] = "auto",
-                 answer_tokens: Literal["generated", "rendered"] = "generated"):
+                 answer_tokens: Literal["generated", "rendered"] = "generated",
+                 looping_answers: Literal["keep", "trim"] = "keep"):
         if getattr(tokenizer, "chat_template", None) is None:
             raise TokenizeError("the verifier's tokenizer has no chat template")
         self.tok = tokenizer
@@ -219,6 +224,9 @@ class ChatTokenizer:
             markers = [tokenizer.eos_token]
         self.end_markers = markers
         self.answer_tokens = answer_tokens
+        self.looping_answers = looping_answers
+        single = [tokenizer.encode(m, add_special_tokens=False) for m in markers]
+        self.stop_ids = [ids[0] for ids in single if len(ids) == 1]  # end-of-turn ids a loop detector ignores
 
     def encode(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
                ) -> tuple[np.ndarray, np.ndarray]:
@@ -252,6 +260,12 @@ class ChatTokenizer:
         answer = (getattr(conv, "extra", None) or {}).get("answer_token_ids")
         if self.answer_tokens != "generated" or not answer:
             return ids, mask
+        if loops(answer, self.stop_ids):
+            stats.looping_answers += 1
+            if self.looping_answers == "trim":
+                trimmed = trim_loop(answer, self.stop_ids)
+                stats.loop_tokens_trimmed += len(answer) - len(trimmed)
+                answer = trimmed
         gen_ids, gen_mask = self.encode_generated(conv.messages, answer, tools)
         stats.answers_as_generated += 1
         end = int(np.flatnonzero(mask)[-1]) + 1 if mask.any() else len(ids)  # the template's text after the turn

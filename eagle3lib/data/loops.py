@@ -21,26 +21,39 @@ MIN_REPEATS = 3  # two copies can be a quotation or a parallel sentence; three t
 MIN_TOKENS = 24  # a short tail of repeated punctuation or a table rule is not a loop
 
 
-def loop_start(ids: Sequence[int], stop_ids: Iterable[int] = (), max_period: int = MAX_PERIOD,
-               min_repeats: int = MIN_REPEATS, min_tokens: int = MIN_TOKENS) -> int | None:
-    """The index where the periodic tail begins (the earliest over all periods), or None when the answer does not
-    loop."""
+def loop_tail(ids: Sequence[int], stop_ids: Iterable[int] = (), max_period: int = MAX_PERIOD,
+              min_repeats: int = MIN_REPEATS, min_tokens: int = MIN_TOKENS) -> tuple[int, int] | None:
+    """(index where the periodic tail begins, its period), the earliest start over all periods; None when the answer
+    does not loop."""
     a = np.asarray(ids, dtype=np.int64)
     stops = set(stop_ids)
     n = len(a)
     while n and int(a[n - 1]) in stops:
         n -= 1
     a = a[:n]
-    best: int | None = None
+    best: tuple[int, int] | None = None
     for p in range(1, min(max_period, n // min_repeats) + 1):
         same = a[p:] == a[:-p]  # same[j]: a[j + p] == a[j]
         breaks = np.flatnonzero(~same)
         start = int(breaks[-1]) + 1 if len(breaks) else 0  # the tail a[start:] equals itself shifted by p
         span = n - start
-        if span >= max(min_repeats * p, min_tokens) and (best is None or start < best):
-            best = start
+        if span >= max(min_repeats * p, min_tokens) and (best is None or start < best[0]):
+            best = (start, p)
     return best
 
 
+def loop_start(ids: Sequence[int], stop_ids: Iterable[int] = ()) -> int | None:
+    tail = loop_tail(ids, stop_ids)
+    return None if tail is None else tail[0]
+
+
 def loops(ids: Sequence[int], stop_ids: Iterable[int] = ()) -> bool:
-    return loop_start(ids, stop_ids) is not None
+    return loop_tail(ids, stop_ids) is not None
+
+
+def trim_loop(ids: Sequence[int], stop_ids: Iterable[int] = (), periods: int = 2) -> list[int]:
+    """The answer up to `periods` periods of its loop (the start of the repetition is the verifier's own, and what a
+    drafter must learn to follow; the dozens of identical periods after it teach nothing more); unchanged when it does
+    not loop."""
+    tail = loop_tail(ids, stop_ids)
+    return list(ids) if tail is None else list(ids[: tail[0] + periods * tail[1]])

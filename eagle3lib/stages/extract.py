@@ -186,12 +186,16 @@ def extract(cfg: Any, vcfg: Any, out_dir: str | Path, gen_dir: str | Path | None
         _say(f"{read.torn_lines} unreadable line(s) in the generate shards skipped ({', '.join(read.torn_at)}): a torn "
              "write; running the generate stage again answers those prompts again")
     chat = ChatTokenizer(tokenizer, cfg.max_sample_tokens, cfg.too_long, cfg.chat_template_kwargs, cfg.end_of_turn or None,
-                         cfg.mask_method, cfg.answer_tokens)
+                         cfg.mask_method, cfg.answer_tokens, cfg.looping_answers)
     tstats = TokenizeStats()
     samples: list[Tokenized] = list(chat(convs, tstats, cfg.on_bad_record))
     tokenize_s = time.time() - t0
     for msg in tstats.errors:
         _say(f"skipped: {msg}")
+    if tstats.looping_answers:
+        _say(f"{tstats.looping_answers} of {tstats.answers_as_generated} answers loop (the same n-gram repeated to the "
+             "end)" + (f"; {tstats.loop_tokens_trimmed:,} of their repeated tokens trimmed (extract.looping_answers)"
+                       if tstats.loop_tokens_trimmed else ""))
     if tstats.rerendered_differently:
         _say(f"{tstats.rerendered_differently} of {tstats.answers_as_generated} answers (e.g. "
              f"{', '.join(tstats.rerendered_examples)}) render through the chat template into other tokens than the "
@@ -303,6 +307,8 @@ def extract(cfg: Any, vcfg: Any, out_dir: str | Path, gen_dir: str | Path | None
         "duplicate_ids": tstats.duplicate_ids,
         "answers_as_generated": tstats.answers_as_generated,  # extract.answer_tokens: generated
         "answers_rerendered_differently": tstats.rerendered_differently,
+        "looping_answers": tstats.looping_answers,  # answers that repeat one n-gram to their end (data/loops.py)
+        "loop_tokens_trimmed": tstats.loop_tokens_trimmed,  # extract.looping_answers: trim
         "samples_this_run": this_samples,
         "tokens_this_run": this_tokens,
         "resumed_samples": resumed,
