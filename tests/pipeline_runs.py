@@ -157,5 +157,38 @@ def long_run(root: Path, env: dict[str, str] | None = None) -> PipelineRun:
     return PipelineRun(run, [_runner("tiny-long", run, sets) + LONG_STAGES], env)
 
 
+# A real model on real data at a small setting (params/smollm2.yaml: SmolLM2-135M-Instruct answering ShareGPT;
+# tests/test_real_model.py): 16 prompts, a few training steps, then vLLM serving the trained drafter beside the verifier
+# alone and beside the drafter the trainer starts from (tests/untrained_drafter.py)
+REAL_SETS = [
+    "verifier_report.serve=false",
+    "generate.max_samples=16",
+    "generate.max_tokens=128",
+    "train.max_steps=30",
+    "train.packed_row_tokens=512",
+    "train.batch_rows=2",
+    "train.draft_vocab_size=4096",
+    "train.lr=3.0e-3",
+    "train.warmup_steps=5",
+    "train.log_every=5",
+    "evaluate.n_prompts=8",
+    "evaluate.max_tokens=64",
+    "evaluate.library=false",
+    "evaluate.modes=[greedy]",
+    "evaluate.per_prompt=true",
+]
+
+
+def real_run(root: Path, env: dict[str, str] | None = None) -> PipelineRun:
+    run = root / "real"
+    untrained = run / "untrained"
+    return PipelineRun(run, [
+        _runner("params/smollm2.yaml", run, REAL_SETS) + ["--stages", "verifier,generate,extract,train"],
+        [sys.executable, str(Path(__file__).parent / "untrained_drafter.py"), str(run / "train" / "final"),
+         str(untrained)],
+        _runner("params/smollm2.yaml", run, [*REAL_SETS, f"evaluate.drafters=[{untrained}]"])
+        + ["--stages", "evaluate"]], env)
+
+
 def background_env() -> dict[str, str]:
     return {**os.environ, "VLLM_CPU_OMP_THREADS_BIND": BACKGROUND_CORE}

@@ -359,3 +359,14 @@ def test_plan_does_not_depend_on_the_store_order():
 
     shuffled = torch.randperm(300, generator=g).tolist()
     assert steps_by_id(list(range(300))) == steps_by_id(shuffled)
+
+
+def test_micro_batch_without_a_counted_position():
+    """A row whose samples have no assistant token inside it (a long prompt cut at packed_row_tokens) contributes no
+    loss and no gradient, instead of failing the step."""
+    m = TTTModel(make_drafter(), torch.ones(H), torch.randn(V, H), 1e-6, 3, 0.8)
+    mb = packed_batch([[20, 12]], S=32)
+    mb.loss_mask[:] = False
+    loss, stats = m(mb, torch.ones(3))
+    loss.backward()
+    assert float(loss) == 0.0 and float(stats.sum()) == 0.0

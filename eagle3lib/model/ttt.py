@@ -161,7 +161,7 @@ class TTTModel(nn.Module):
         W = self.target_head_full
         ids = self.drafter.draft_ids
         tl, am = [], []
-        for s in range(0, x.shape[0], chunk):
+        for s in range(0, max(1, x.shape[0]), chunk):  # once at least: a micro-batch may have no counted position
             full = x[s : s + chunk].to(W.dtype) @ W.t()
             am.append(full.argmax(-1))
             tl.append(full[:, ids].float())

@@ -247,6 +247,7 @@ def server_for_verifier(verifier_cfg, model_path: str, log_path: Path, **overrid
         gpu_memory_utilization=verifier_cfg.gpu_memory_utilization,
         startup_timeout_s=verifier_cfg.startup_timeout_s,
         extra_args=list(verifier_cfg.extra_server_args),
+        extra_env=dict(verifier_cfg.server_env),
     )
     kw.update(overrides)
     return VLLMServer(**kw)
