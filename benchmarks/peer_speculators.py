@@ -252,7 +252,8 @@ def print_table(s: dict[str, Any]) -> None:
         else:
             print(f"eagle3lib / speculators {name}: {r:.2f}x")
     if "greedy_outputs_identical_frac" in s:
-        print(f"greedy outputs identical across the four drafters: {s['greedy_outputs_identical_frac']:.0%} of prompts")
+        n = sum(len(v) for v in s["protocol"]["trained"].values())
+        print(f"greedy outputs identical across the {n} drafters: {s['greedy_outputs_identical_frac']:.0%} of prompts")
 
 
 def main() -> int:
