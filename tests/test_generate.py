@@ -309,7 +309,12 @@ def test_failures_truncation_and_bad_inputs(vllm_server, tmp_path):
     long_prompt = {"id": "g-too-long", "category": "chat",
                    "messages": [{"role": "user", "content": "apple banana cherry " * 1500}]}  # > max_model_len 2048
     data.write_text((FIXTURES / "bad_inputs.jsonl").read_text() + json.dumps(long_prompt) + "\n")
-    verifier = _verifier(vllm_server)
+    # a prompt that leaves no room for max_tokens in verifier.max_model_len is skipped before any request, counted
+    f = generate(_cfg(dataset=str(data), on_bad_record="skip", max_tokens=24, shuffle=False), _verifier(vllm_server),
+                 tmp_path / "checked")["figures"]
+    assert f["skipped_too_long"] == 1 and f["samples_total"] == 4 and f["samples_failed"] == 0
+    # told a longer context than the server has, the stage sends it: the server's 400 is recorded, not retried
+    verifier = _verifier(vllm_server, max_model_len=100_000)
     out = tmp_path / "generate"
 
     with pytest.raises(DatasetError, match=re.escape(f"{data}:4: not valid JSON")):  # the malformed line, by file and line

@@ -64,7 +64,8 @@ class TokenizeStats:
     answers_as_generated: int = 0  # kept samples whose last answer is the verifier's generated token ids
     looping_answers: int = 0  # ... of which the answer loops (the same n-gram repeated to its end, data/loops.py)
     loop_tokens_trimmed: int = 0  # answer tokens cut from looping answers (extract.looping_answers: trim)
-    rerendered_differently: int = 0  # ... of which the chat template renders that answer into other tokens
+    answers_ended: int = 0  # ... of which ended by themselves (not cut at max_tokens): compared with the template's
+    rerendered_differently: int = 0  # ... of those, the answers the chat template renders into other tokens
     tokens: int = 0  # in kept samples
     loss_tokens: int = 0  # in kept samples
     errors: list[str] = field(default_factory=list)  # first few messages of skipped bad samples
@@ -260,16 +261,20 @@ class ChatTokenizer:
         answer = (getattr(conv, "extra", None) or {}).get("answer_token_ids")
         if self.answer_tokens != "generated" or not answer:
             return ids, mask
+        whole = answer
         if loops(answer, self.stop_ids):
             stats.looping_answers += 1
             if self.looping_answers == "trim":
-                trimmed = trim_loop(answer, self.stop_ids)
-                stats.loop_tokens_trimmed += len(answer) - len(trimmed)
-                answer = trimmed
+                answer = trim_loop(answer, self.stop_ids)
+                stats.loop_tokens_trimmed += len(whole) - len(answer)
         gen_ids, gen_mask = self.encode_generated(conv.messages, answer, tools)
         stats.answers_as_generated += 1
+        if conv.extra.get("status") == "truncated":  # no end of turn: the template's rendering would always close it
+            return gen_ids, gen_mask
+        stats.answers_ended += 1
+        as_generated = gen_ids if answer is whole else self.encode_generated(conv.messages, whole, tools)[0]
         end = int(np.flatnonzero(mask)[-1]) + 1 if mask.any() else len(ids)  # the template's text after the turn
-        if not np.array_equal(ids[:end], gen_ids):  # (Qwen3's "\n" after <|im_end|>) is not part of the answer
+        if not np.array_equal(ids[:end], as_generated):  # (Qwen3's "\n" after <|im_end|>) is not part of the answer
             stats.rerendered_differently += 1
             if len(stats.rerendered_examples) < 3:
                 stats.rerendered_examples.append(conv.id)

@@ -197,7 +197,7 @@ def extract(cfg: Any, vcfg: Any, out_dir: str | Path, gen_dir: str | Path | None
              "end)" + (f"; {tstats.loop_tokens_trimmed:,} of their repeated tokens trimmed (extract.looping_answers)"
                        if tstats.loop_tokens_trimmed else ""))
     if tstats.rerendered_differently:
-        _say(f"{tstats.rerendered_differently} of {tstats.answers_as_generated} answers (e.g. "
+        _say(f"{tstats.rerendered_differently} of {tstats.answers_ended} answers that ended (e.g. "
              f"{', '.join(tstats.rerendered_examples)}) render through the chat template into other tokens than the "
              "verifier generated; trained on as generated (extract.answer_tokens)")
     if not samples:
@@ -306,7 +306,8 @@ def extract(cfg: Any, vcfg: Any, out_dir: str | Path, gen_dir: str | Path | None
         "bad_samples": tstats.bad_samples,
         "duplicate_ids": tstats.duplicate_ids,
         "answers_as_generated": tstats.answers_as_generated,  # extract.answer_tokens: generated
-        "answers_rerendered_differently": tstats.rerendered_differently,
+        "answers_ended": tstats.answers_ended,  # ... not cut at max_tokens: compared with the template's rendering
+        "answers_rerendered_differently": tstats.rerendered_differently,  # ... of those, rendered into other tokens
         "looping_answers": tstats.looping_answers,  # answers that repeat one n-gram to their end (data/loops.py)
         "loop_tokens_trimmed": tstats.loop_tokens_trimmed,  # extract.looping_answers: trim
         "samples_this_run": this_samples,
