@@ -27,6 +27,7 @@ def test_real_model_on_sharegpt_end_to_end(real_run):
     g = manifest(run, "generate")["figures"]
     assert g["samples_total"] == 16 and g["samples_failed"] == 0 and g["output_tokens"] > 0
     assert g["cut_records"] == 1 and g["duplicate_conversations"] > 0  # the wheel's file, read as it is
+    assert 0 <= g["samples_looping"] <= g["samples_ok"] + g["samples_truncated"]
     x = manifest(run, "extract")["figures"]
     # truncated answers are training data: every answered record is kept, by status
     assert sum(x["records_kept"].values()) == g["samples_ok"] + g["samples_truncated"]

@@ -40,6 +40,7 @@ from eagle3lib.core.atomic import write_json_atomic
 from eagle3lib.core.manifest import StageTimer, read_manifest, update_manifest
 from eagle3lib.core.progress import progress_bar
 from eagle3lib.data.datasets import Conversation, DatasetError, dataset_key
+from eagle3lib.data.loops import loops
 from eagle3lib.data.multi_turn import resume_turn
 from eagle3lib.data.prompt_set import Prompts, load_prompts
 from eagle3lib.data.records import FINAL_STATUSES, STATUSES, ReadStats, ShardWriter, latest_records, list_shards
@@ -178,7 +179,7 @@ def reasoning_share(rec: dict[str, Any]) -> float:
 
 def dataset_figures(prompts: Prompts, latest: dict[str, tuple[dict[str, Any], str]]) -> dict[str, Any]:
     counts = dict.fromkeys(STATUSES, 0)
-    input_tokens = output_tokens = 0
+    input_tokens = output_tokens = looping = 0
     reasoning_est = 0.0
     for conv in prompts.items:
         hit = latest.get(conv.id)
@@ -186,6 +187,7 @@ def dataset_figures(prompts: Prompts, latest: dict[str, tuple[dict[str, Any], st
             continue
         rec = hit[0]
         counts[rec.get("status") if rec.get("status") in counts else "failed"] += 1
+        looping += bool(rec.get("answer_token_ids")) and loops(rec["answer_token_ids"])
         input_tokens += int(rec.get("prompt_tokens") or 0)
         output_tokens += int(rec.get("completion_tokens") or 0)
         counted = rec.get("reasoning_tokens")
@@ -197,6 +199,7 @@ def dataset_figures(prompts: Prompts, latest: dict[str, tuple[dict[str, Any], st
         "samples_failed": counts["failed"],
         "samples_truncated": counts["truncated"],
         "samples_empty": counts["empty"],
+        "samples_looping": looping,  # answers repeating one n-gram to their end (eagle3lib/data/loops.py)
         "samples_missing": len(prompts.items) - done,  # 0 when the run completed
         **_turn_figures(prompts, latest),
         "skipped_no_user_turn": prompts.skipped_no_user_turn,
@@ -474,7 +477,8 @@ def _run_figures(stats: RunStats, wall: float) -> dict[str, Any]:
 
 
 def _print_summary(f: dict[str, Any], stats: RunStats) -> None:
-    print(f"generate: {f['samples_total']} prompts: {f['samples_ok']} ok, {f['samples_truncated']} truncated, "
+    print(f"generate: {f['samples_total']} prompts: {f['samples_ok']} ok, {f['samples_truncated']} truncated "
+          f"({f['samples_looping']} answers loop to their end), "
           f"{f['samples_empty']} empty, {f['samples_failed']} failed ({f['samples_resumed']} done before this run); "
           f"skipped {f['skipped_no_user_turn']} without a user turn, {f['skipped_empty_user_turn']} whose last user turn "
           f"is empty, {f['skipped_too_long']} too long for verifier.max_model_len, {f['bad_records']} bad records"
