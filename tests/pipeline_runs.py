@@ -172,6 +172,7 @@ REAL_SETS = [
     "train.lr=3.0e-3",
     "train.warmup_steps=5",
     "train.log_every=5",
+    "verifier.kv_cache_gib=1",  # 16 prompts of a few hundred tokens: room for ~23K tokens, and less memory beside the suite
     "evaluate.n_prompts=8",
     "evaluate.max_tokens=64",
     "evaluate.library=false",

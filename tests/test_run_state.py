@@ -243,7 +243,12 @@ def test_the_cause_of_a_rank_failure_is_found_in_torchruns_output():
                  "torch.distributed.elastic.multiprocessing.errors.ChildFailedError:", "  exitcode  : 1 (pid: 7)"]
     assert failure_cause(traceback) == "ValueError: the store has 3 samples"
     assert failure_cause(["[train] error: train.init_from: no such folder", *traceback]) == "train.init_from: no such folder"
-    assert failure_cause(["Killed", "  exitcode  : -9 (pid: 7)"]) is None  # the caller says "exit code -9"
+    assert failure_cause(["Killed", "  exitcode  : -9 (pid: 7)"]).startswith("a rank was killed by SIGKILL (the kernel's")
+    assert failure_cause(["Killed"]) is None  # the caller says "exit code N"
+    # the rank that failed first, not the collective the others were in when it went
+    echo = ["[rank0]: torch.distributed.DistBackendError: [../gloo/transport/tcp/pair.cc:534] Connection closed by peer"]
+    assert failure_cause(traceback[:4] + echo + traceback[4:]) == "ValueError: the store has 3 samples"
+    assert failure_cause(echo + traceback[4:]) == echo[0].removeprefix("[rank0]: ")
 
 
 @pytest.mark.slow

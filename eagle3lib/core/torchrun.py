@@ -38,7 +38,7 @@ def torchrun_env(nproc_per_node: int) -> dict[str, str]:
 def run_streamed(cmd: list[str], cwd: str, env: dict[str, str], show: Callable[[str], bool],
                  echo=print, log_path: str | Path | None = None) -> tuple[int, list[str]]:
     """Run `cmd`, echoing the lines `show` accepts and appending every line to `log_path`; returns (exit code, the last
-    60 lines). Interrupting (a notebook's stop button) sends SIGTERM to the whole group, so the processes save what
+    400 lines: room for every rank's traceback, so the first one to fail is still in it). Interrupting (a notebook's stop button) sends SIGTERM to the whole group, so the processes save what
     they did and the next launch resumes."""
     echo("$ " + " ".join(cmd))
     proc = popen_guarded(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1, env=env, cwd=cwd)
@@ -47,7 +47,7 @@ def run_streamed(cmd: list[str], cwd: str, env: dict[str, str], show: Callable[[
     try:
         for line in proc.stdout:
             line = line.rstrip("\n")
-            tail = (tail + [line])[-60:]
+            tail = (tail + [line])[-400:]
             if log:
                 log.write(line + "\n")
             if show(line):
@@ -66,14 +66,28 @@ def run_streamed(cmd: list[str], cwd: str, env: dict[str, str], show: Callable[[
 # A rank's own one-line error ("[train] error: ..."), else the last exception line of a traceback (torchrun prefixes
 # each rank's lines with "[rankN]:"), else nothing: torchrun's ChildFailedError report is ~30 lines of its own
 _OWN_ERROR = re.compile(r"^(?:\[rank\d+\]:\s*)?\[(?:train|extract)[^\]]*\] error: (.+)$")
+_KILLED = re.compile(r"exitcode\s*:\s*-(\d+)")
 _EXCEPTION = re.compile(r"^(?:\[rank\d+\]:\s*)?((?:[\w.]+\.)?\w*(?:Error|Exception|Interrupt)\b.*)$")
 
 
 def failure_cause(tail: list[str]) -> str | None:
     """The one line that says why a torchrun process failed, from the last lines of its output."""
-    for pattern in (_OWN_ERROR, _EXCEPTION):
+    # torch.distributed errors come last: a rank that fails takes the others' collectives down with it, so theirs
+    # ("Connection closed by peer") are echoes of the cause, not the cause
+    for pattern, collective in ((_OWN_ERROR, False), (_EXCEPTION, False), (_EXCEPTION, True)):
         for line in reversed(tail):  # the last one: a chained exception's outermost
             m = pattern.match(line.strip())
-            if m and "ChildFailedError" not in line and not line.strip().startswith("torch.distributed"):
+            if m and "ChildFailedError" not in line and collective == _is_collective(line):
                 return m.group(1)
+    for line in reversed(tail):  # no rank said why: torchrun's report names the signal that ended one (its own exit is 1)
+        m = _KILLED.search(line)
+        if m:
+            n = int(m.group(1))
+            why = " (the kernel's out-of-memory killer, or a kill by hand)" if n == signal.SIGKILL else ""
+            return f"a rank was killed by {signal.Signals(n).name}{why}" if n in signal.valid_signals() else None
     return None
+
+
+def _is_collective(line: str) -> bool:
+    s = re.sub(r"^\[rank\d+\]:\s*", "", line.strip())
+    return s.startswith("torch.distributed") or "DistBackendError" in s or "DistNetworkError" in s
