@@ -39,13 +39,13 @@ from eagle3lib.core import ranks
 from eagle3lib.core.manifest import StageTimer, read_manifest
 from eagle3lib.core.torchrun import failure_cause, run_streamed, torchrun_command, torchrun_env
 from eagle3lib.data.chat_tokens import ChatTokenizer, Tokenized, TokenizeStats
-from eagle3lib.data.datasets import Conversation, DatasetError, load_conversations
+from eagle3lib.data.extract_source import SourceError, counts_line, load_source
 from eagle3lib.data.hidden_store import (
     HiddenSample,
     HiddenStateWriter,
     bytes_per_token,
 )
-from eagle3lib.data.records import ReadStats, iter_generated
+from eagle3lib.data.records import ReadStats
 from eagle3lib.data.store_index import read_index, repair_store, store_totals
 from eagle3lib.model.verifier import describe_model, load_tokenizer, resolve_model, verifier_facts
 
@@ -63,65 +63,6 @@ class InsufficientDiskError(ExtractError):
 def _say(msg: str) -> None:
     tag = f"[extract r{ranks.rank()}]" if ranks.world() > 1 else "[extract]"
     print(f"{tag} {msg}", file=sys.stderr, flush=True)
-
-
-# ----------------------------------------------------------------------------------------------------------- input
-
-
-def load_source(source: str, gen_dir: Path | None, max_samples: int | None = None,
-                on_bad_record: str = "error", read: ReadStats | None = None, truncated_answers: str = "keep",
-                answer_tokens: str = "generated") -> tuple[list[Conversation], str, dict[str, dict[str, int]]]:
-    """(conversations, description of where they came from, {"kept": status -> n, "dropped": reason -> n} of the
-    generate records). `read` counts unreadable lines of generate shards.
-
-    An answer cut at generate.max_tokens (status truncated) is still the verifier's own tokens: it is kept by default,
-    as the ids vLLM generated with no end-of-turn token after them. Without those ids (extract.answer_tokens:
-    rendered, or records from before generate kept them) the chat template would close the cut answer with its
-    end-of-turn token, teaching the drafter an end the verifier never wrote, so such an answer is dropped."""
-    counts: dict[str, dict[str, int]] = {"kept": {}, "dropped": {}}
-    if source == "generate":
-        if gen_dir is None or not gen_dir.is_dir() or not any(gen_dir.glob("shard-*.jsonl")):
-            raise ExtractError(f"extract.source=generate: no generate output in {gen_dir} (run the generate stage first, "
-                               "or set extract.source to a dataset for prefill-only extraction)")
-        convs = []
-        for c in iter_generated(gen_dir, statuses=None, stats=read):
-            status = c.extra.get("status")
-            reason = _drop_reason(status, bool(c.extra.get("answer_token_ids")), truncated_answers, answer_tokens)
-            side, key = ("dropped", reason) if reason else ("kept", status)
-            counts[side][key] = counts[side].get(key, 0) + 1
-            if not reason:
-                convs.append(c)
-        desc = f"generate stage ({gen_dir})"
-        if max_samples is not None:
-            convs = convs[:max_samples]
-    else:
-        try:
-            convs = load_conversations(source, on_bad_record=on_bad_record, max_samples=max_samples)
-        except DatasetError as e:
-            raise ExtractError(f"extract.source: {e}") from None
-        desc = source
-    if not convs:
-        raise ExtractError(f"extract.source: no conversations in {desc}"
-                           + (f" to keep (dropped: {_counts_line(counts['dropped'])})" if source == "generate" else ""))
-    return convs, desc, counts
-
-
-def _drop_reason(status: str | None, has_ids: bool, truncated_answers: str, answer_tokens: str) -> str | None:
-    """Why a generate record is not training data (None: it is)."""
-    if status == "ok":
-        return None
-    if status == "truncated":
-        if truncated_answers == "drop":
-            return "truncated (extract.truncated_answers: drop)"
-        if answer_tokens != "generated" or not has_ids:
-            return "truncated, without the generated token ids"
-        return None
-    return {"empty": "empty answer", "failed": "failed request", "partial": "unfinished turns (generate interrupted)"
-            }.get(str(status), f"status {status}")
-
-
-def _counts_line(counts: dict[str, int]) -> str:
-    return ", ".join(f"{n:,} {k}" for k, n in sorted(counts.items(), key=lambda kv: -kv[1])) or "none"
 
 
 # ------------------------------------------------------------------------------------------------------------ disk
@@ -177,11 +118,14 @@ def extract(cfg: Any, vcfg: Any, out_dir: str | Path, gen_dir: str | Path | None
     # --- tokenize everything first: the disk estimate needs the token count
     t0 = time.time()
     read = ReadStats()
-    convs, desc, source_counts = load_source(cfg.source, Path(gen_dir) if gen_dir else None, cfg.max_samples,
-                                             cfg.on_bad_record, read, cfg.truncated_answers, cfg.answer_tokens)
+    try:
+        convs, desc, source_counts = load_source(cfg.source, Path(gen_dir) if gen_dir else None, cfg.max_samples,
+                                                 cfg.on_bad_record, read, cfg.truncated_answers, cfg.answer_tokens)
+    except SourceError as e:
+        raise ExtractError(str(e)) from None
     if cfg.source == "generate":
-        _say(f"generate records kept: {_counts_line(source_counts['kept'])}; dropped: "
-             f"{_counts_line(source_counts['dropped'])}")
+        _say(f"generate records kept: {counts_line(source_counts['kept'])}; dropped: "
+             f"{counts_line(source_counts['dropped'])}")
     if read.torn_lines:
         _say(f"{read.torn_lines} unreadable line(s) in the generate shards skipped ({', '.join(read.torn_at)}): a torn "
              "write; running the generate stage again answers those prompts again")
