@@ -19,9 +19,8 @@ Protocol, per seed s:
   3. vLLM serves each drafter (one server each, the profile's verifier settings), warm-up, then the evaluate section's
      prompts one at a time, greedy and at evaluate.temperature: tau, acceptance per position, per prompt.
 What differs from speculators' standard pipeline: its data preparation runs vLLM on a GPU to render chats and capture
-hidden states; here both libraries train on eagle3lib's extract store (HF forward hooks), converted. eagle3lib trains
-in 2 processes of 1 thread (torchrun, its CPU default); speculators' multi-process path needs an accelerator, so it
-runs one process of 2 threads. Training tokens are the non-padding tokens of the packed rows, per second of training.
+hidden states; here both libraries train on eagle3lib's extract store (HF forward hooks), converted. Both train in one
+process of 2 threads (the profile's train.nproc_per_node; speculators' multi-process path needs an accelerator). Training tokens are the non-padding tokens of the packed rows, per second of training.
 
 Prints, per library: tau greedy / sampled with 95% bootstrap intervals over prompts (both seeds pooled per prompt), per
 seed, on answers that do not loop, acceptance per position, training tokens/s; then eagle3lib / speculators ratios of
