@@ -20,7 +20,8 @@ Protocol, per seed s:
      prompts one at a time, greedy and at evaluate.temperature: tau, acceptance per position, per prompt.
 What differs from speculators' standard pipeline: its data preparation runs vLLM on a GPU to render chats and capture
 hidden states; here both libraries train on eagle3lib's extract store (HF forward hooks), converted. Both train in one
-process of 2 threads (the profile's train.nproc_per_node; speculators' multi-process path needs an accelerator). Training tokens are the non-padding tokens of the packed rows, per second of training.
+process of 2 threads (the profile's train.nproc_per_node; speculators' multi-process path needs an accelerator).
+Training tokens are the non-padding tokens of the packed rows, per second of training.
 
 Prints, per library: tau greedy / sampled with 95% bootstrap intervals over prompts (both seeds pooled per prompt), per
 seed, on answers that do not loop, acceptance per position, training tokens/s; then eagle3lib / speculators ratios of

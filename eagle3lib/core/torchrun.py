@@ -38,8 +38,8 @@ def torchrun_env(nproc_per_node: int) -> dict[str, str]:
 def run_streamed(cmd: list[str], cwd: str, env: dict[str, str], show: Callable[[str], bool],
                  echo=print, log_path: str | Path | None = None) -> tuple[int, list[str]]:
     """Run `cmd`, echoing the lines `show` accepts and appending every line to `log_path`; returns (exit code, the last
-    400 lines: room for every rank's traceback, so the first one to fail is still in it). Interrupting (a notebook's stop button) sends SIGTERM to the whole group, so the processes save what
-    they did and the next launch resumes."""
+    400 lines: room for every rank's traceback, so the first one to fail is still in it). Interrupting (a notebook's
+    stop button) sends SIGTERM to the whole group, so the processes save what they did and the next launch resumes."""
     echo("$ " + " ".join(cmd))
     proc = popen_guarded(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1, env=env, cwd=cwd)
     tail: list[str] = []
