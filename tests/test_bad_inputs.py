@@ -529,7 +529,8 @@ def test_checkpoint_weights_checked_before_any_server(tmp_path):
 def test_pickled_training_state_is_refused(tmp_path):
     import pickle
 
-    from eagle3lib.model.checkpoint import CheckpointError, load_training_state
+    from eagle3lib.model.checkpoint import CheckpointError
+    from eagle3lib.training.checkpoints import load_training_state
 
     class Evil:
         def __reduce__(self):

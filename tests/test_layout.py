@@ -50,7 +50,11 @@ def _imports(name: str, path: Path, unresolved: list[str] | None = None) -> set[
     of the package go to `unresolved`."""
     found = set()
     package = name if path.stem == "__init__" else name.rsplit(".", 1)[0]
-    for node in ast.walk(ast.parse(path.read_text())):
+    tree = ast.parse(path.read_text())
+    for node in ast.walk(tree):  # annotations only (`if TYPE_CHECKING:`): no import at run time, no cycle
+        if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING":
+            node.body = []
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             found |= {a.name for a in node.names if a.name.startswith("eagle3lib")}
         elif isinstance(node, ast.ImportFrom):

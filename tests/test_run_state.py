@@ -309,8 +309,9 @@ def test_disk_full_during_a_shard_keeps_the_complete_shards(tiny_disk):
 
 
 def test_disk_full_during_a_checkpoint_keeps_the_previous_one(tiny_disk, tmp_path):
-    from eagle3lib.model.checkpoint import CheckpointError, list_checkpoints, save_drafter
+    from eagle3lib.model.checkpoint import CheckpointError, save_drafter
     from eagle3lib.model.drafter import DrafterConfig, Eagle3Drafter
+    from eagle3lib.training.checkpoints import list_checkpoints
 
     small = DrafterConfig(hidden_size=16, intermediate_size=32, num_attention_heads=2, num_key_value_heads=1,
                           head_dim=8, vocab_size=64, draft_vocab_size=32)

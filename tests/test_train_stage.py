@@ -291,3 +291,19 @@ def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
 # verifier's own greedy output and drafts accepted: tests/test_evaluate.py::test_library_and_vllm_agree_greedy, on the
 # session's spec server (tests/conftest.py), which serves this stage's output folder; its EAGLE export beside it in
 # test_k_sweep_and_drafters_side_by_side. (This module started a second spec server for the same check until the suite-time work.)
+
+
+def test_frozen_lm_head_keeps_the_verifier_rows_and_refuses_an_unfrozen_resume(tmp_path, store, tiny_verifier):
+    """train.freeze_lm_head: the exported lm_head is still the verifier's rows of the draft vocabulary; resuming its checkpoint with the head trainable is refused by name (the optimizer holds other tensors)."""
+    from eagle3lib.model.verifier import load_verifier_head
+
+    over = {**RUN, "train.freeze_lm_head": True, "train.max_steps": 4, "train.ckpt_every": 2}
+    run = make_run_dir(tmp_path / "run", store)
+    train(open_stage("train", "tiny", run, over))
+    model, _ = load_drafter(run / "train" / "final")
+    head = load_verifier_head(str(tiny_verifier))
+    torch.testing.assert_close(model.lm_head.weight, head.lm_head[model.draft_ids].float(), rtol=0, atol=0)
+    start = torch.load(run / "train" / "checkpoints" / "step_00000002" / "training_state.pt", weights_only=True)
+    assert start["freeze_lm_head"] is True
+    with pytest.raises(CheckpointError, match=r"train.freeze_lm_head: checkpoint True, now False"):
+        train(open_stage("train", "tiny", run, {**over, "train.freeze_lm_head": False, "train.max_steps": 6}))

@@ -34,6 +34,10 @@ class TrainConfig(TorchrunConfig):
     parallel_drafting: bool = False  # P-EAGLE: all ttt_steps drafts from one forward (slots after the first read a
     # mask token and a learned mask_hidden); written as speculators_model_type "peagle", served with parallel_drafting
 
+    freeze_lm_head: bool = False  # keep lm_head at the verifier's rows of the draft vocabulary (no gradient): the
+    # largest matrix's weight gradient is skipped (~1.3x tokens/s on SmolLM2), and the drafter learns to speak the
+    # verifier's own head (docs/howto/real-model.md has the measurement)
+
     # --- training-time test and loss
     ttt_steps: int = Field(3, ge=1)  # K drafted tokens trained per position; vLLM's num_speculative_tokens for the checkpoint
     decay: float = Field(0.8, gt=0, le=1)  # loss weight decay**k of TTT step k (EAGLE/SpecForge 0.8; speculators 1.0)

@@ -12,14 +12,14 @@ A checkpoint folder:
                        position, counters and the run's drafter config. Tensors, numbers and strings only, loaded with
                        torch.load(weights_only=True): nothing is unpickled.
 Step checkpoints live in RUN_DIR/train/checkpoints/step_NNNNNNNN/ (written to a temporary folder, then renamed, so a
-folder with that name is always complete); the final one is RUN_DIR/train/final/ (no training state).
+folder with that name is always complete; which one a run resumes: eagle3lib/training/checkpoints.py); the final one
+is RUN_DIR/train/final/ (no training state).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -42,7 +42,6 @@ from eagle3lib.model.layouts import (
     to_layout,
 )
 
-CKPT_RE = re.compile(r"^step_(\d{8})$")
 TRAINING_STATE = "training_state.pt"
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")  # refused as weights: loading them runs code
 
@@ -390,65 +389,3 @@ def load_drafter(ckpt_dir: str | Path, device: str | torch.device = "cpu", verif
     with torch.no_grad():
         model.embed_tokens.copy_(emb.to(model.embed_tokens.dtype))
     return model.to(device=device, dtype=dtype).eval(), cfg
-
-
-# ---------------------------------------------------------------------------------------------------------- resume
-
-
-def list_checkpoints(ckpt_root: str | Path) -> list[tuple[int, Path]]:
-    root = Path(ckpt_root)
-    if not root.is_dir():
-        return []
-    out = []
-    for p in root.iterdir():
-        m = CKPT_RE.match(p.name)
-        if m and (p / TRAINING_STATE).exists() and (p / "model.safetensors").exists():
-            out.append((int(m.group(1)), p))
-    return sorted(out)
-
-
-def checkpoint_dir(ckpt_root: str | Path, step: int) -> Path:
-    return Path(ckpt_root) / f"step_{step:08d}"
-
-
-def prune_checkpoints(ckpt_root: str | Path, keep: int) -> None:
-    for _, p in list_checkpoints(ckpt_root)[: -keep if keep > 0 else None]:
-        shutil.rmtree(p, ignore_errors=True)
-    for p in Path(ckpt_root).glob(".tmp-*"):  # a killed writer's leftovers
-        shutil.rmtree(p, ignore_errors=True)
-
-
-def newest_readable(ckpts: list[tuple[int, Path]]) -> tuple[Path, dict[str, Any], dict[str, torch.Tensor], list[str]]:
-    """The newest step checkpoint whose training state and weights read, and what was wrong with the newer ones: a
-    damaged newer one (a disk that filled up, a copy cut short) is skipped, so a run resumes a little earlier instead
-    of failing."""
-    damaged = []
-    for _, path in reversed(ckpts):
-        try:
-            return path, load_training_state(path), load_state(path), damaged
-        except CheckpointError as e:
-            damaged.append(str(e))
-    raise CheckpointError("no step checkpoint reads:\n  " + "\n  ".join(damaged) + "\ndelete them to start over "
-                          "(or set train.resume=false)")
-
-
-def load_training_state(ckpt_dir: str | Path) -> dict[str, Any]:
-    path = Path(ckpt_dir) / TRAINING_STATE
-    try:
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:
-        raise CheckpointError(f"{path}: cannot read the training state ({type(e).__name__}: {e})") from e
-
-
-def check_compatible(ckpt_dir: str | Path, cfg: DrafterConfig, draft_ids: torch.Tensor,
-                     saved: dict[str, Any]) -> None:
-    """Raise naming every difference between a checkpoint and the run that wants to resume from it."""
-    old = DrafterConfig.from_dict(saved["drafter_config"]).structure()
-    new = cfg.structure()
-    diffs = [f"{k}: checkpoint {old.get(k)!r}, now {new.get(k)!r}" for k in new if old.get(k) != new.get(k)]
-    old_ids = saved.get("draft_ids")
-    if old_ids is not None and not torch.equal(old_ids.cpu(), draft_ids.cpu()):
-        diffs.append("draft vocabulary differs")
-    if diffs:
-        raise CheckpointError(f"{ckpt_dir}: cannot resume, the checkpoint was trained with another configuration "
-                              f"({'; '.join(diffs)}). Use a new run directory, or set train.resume=false to start over.")

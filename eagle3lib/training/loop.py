@@ -4,6 +4,8 @@
 
 Outputs in RUN_DIR/train/: metrics.jsonl, draft_vocab.safetensors, checkpoints/step_NNNNNNNN/ (with resume state),
 final/ (the vLLM-loadable checkpoint), manifest.json. Rank 0 writes everything; metrics are reduced across ranks.
+Beside this file: inputs.py (store, split, draft vocabulary), checkpoints.py (step checkpoints, resume, best/),
+validate.py (every epoch's held-out pass), finish.py (final/, figures, manifest).
 
 Distributed (eagle3lib/training/distributed.py): DDP, gradients averaged; the loss is scaled by the world size and
 normalised by the counted positions of the whole global batch, so 1 and N processes take the same step. Or FSDP2.
@@ -20,36 +22,38 @@ import shutil
 import signal
 import sys
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from eagle3lib.config.stages import StageContext
+from eagle3lib.config.train import TrainConfig
+from eagle3lib.config.verifier import VerifierConfig
 from eagle3lib.core.manifest import StageTimer, now_iso, update_manifest
-from eagle3lib.data.hidden_store import HiddenStateReader, StoreError
-from eagle3lib.data.packing import Split, collate, deal, make_plan, nested_subset, row_tokens, split_samples, val_rows
-from eagle3lib.model.checkpoint import (
-    CheckpointError,
-    check_compatible,
-    checkpoint_dir,
-    list_checkpoints,
-    newest_readable,
-    prune_checkpoints,
-    save_drafter,
-)
-from eagle3lib.model.draft_vocab import DraftVocab, build_draft_vocab, count_loss_tokens
+from eagle3lib.data.packing import collate, deal, make_plan, row_tokens, val_rows
+from eagle3lib.model.checkpoint import CheckpointError
 from eagle3lib.model.drafter import Eagle3Drafter, count_parameters, init_from_verifier
 from eagle3lib.model.drafter_shape import drafter_config_from
-from eagle3lib.model.interop import apply_init_source, check_init_source, read_init_source
+from eagle3lib.model.interop import apply_init_source
 from eagle3lib.model.ttt import STAT_KEYS, TTTModel, counted_per_step, summarize
-from eagle3lib.model.verifier import aux_layer_ids, load_config, load_verifier_head, resolve_model
+from eagle3lib.model.verifier import load_verifier_head
 from eagle3lib.trackers.run import Trackers
 from eagle3lib.training import distributed as dist
-from eagle3lib.training.best import SELECTION, Best, on_resume, selection
-from eagle3lib.training.figures import run_figures
+from eagle3lib.training.best import Best
+from eagle3lib.training.checkpoints import (
+    check_compatible,
+    list_checkpoints,
+    newest_readable,
+    restore_best,
+    save_step,
+    score,
+)
+from eagle3lib.training.finish import finish
+from eagle3lib.training.inputs import load_inputs
 from eagle3lib.training.memory_model import check_train_memory
 from eagle3lib.training.metrics import MetricsWriter, console_line, ordered_record, peak_mem_mb, read_metrics
 from eagle3lib.training.progress import Progress, Window, lr_at
@@ -57,13 +61,13 @@ from eagle3lib.training.setup import (
     TrainingDiverged,
     TrainingError,
     TrainingInterrupted,
-    check_store,
-    drafter_layer_for,
     select_kernels,
     training_device,
 )
-from eagle3lib.training.states import open_states, states_figures
+from eagle3lib.training.states import open_states
 from eagle3lib.training.validate import validate
+
+OnRecord = Callable[[dict[str, Any]], None]  # called on rank 0 with every metrics record (the notebook's live plot)
 
 
 def log(msg: str) -> None:
@@ -77,8 +81,10 @@ def log(msg: str) -> None:
 class Trainer:
     """Everything one training run holds: built from the stage context, then `run()`."""
 
-    def __init__(self, ctx, on_record=None, timer: StageTimer | None = None, t_start: float | None = None):
-        cfg, vcfg = ctx.cfg, ctx.verifier
+    def __init__(self, ctx: StageContext, on_record: OnRecord | None = None, timer: StageTimer | None = None,
+                 t_start: float | None = None):
+        cfg: TrainConfig = ctx.cfg
+        vcfg: VerifierConfig = ctx.verifier
         self.cfg, self.on_record, self.timer, self.verifier_cfg = cfg, on_record, timer, vcfg
         self.t_start = time.time() if t_start is None else t_start
         self.run_params = {"profile": ctx.profile.name, **ctx.profile.as_dict()}  # the trackers' run config
@@ -100,57 +106,19 @@ class Trainer:
         self._plan()
 
     # ------------------------------------------------------------------------------------------------------ setup
-    def _inputs(self, ctx, vcfg) -> None:
-        cfg = self.cfg
-        self.model_path = resolve_model(vcfg.model)
-        self.vconf = load_config(self.model_path, vcfg.trust_remote_code)
-        aux_ids = aux_layer_ids(vcfg.aux_layer_ids, self.vconf.num_hidden_layers)
-        self.drafter_layer = drafter_layer_for(cfg, self.vconf)
-        store_dir = ctx.stage_dir("extract")
-        try:
-            self.reader = HiddenStateReader(store_dir)
-        except StoreError as e:
-            raise TrainingError(str(e)) from None
-        check_store(self.reader.meta, store_dir, self.vconf, aux_ids, cfg.hidden_states)
-        self.aux_ids, self.store_dir, self.states = aux_ids, store_dir, None
+    def _inputs(self, ctx: StageContext, vcfg: VerifierConfig) -> None:
+        inp = load_inputs(self.cfg, vcfg, ctx.profile.section("extract"), ctx.stage_dir("extract"), self.out_dir)
+        self.model_path, self.vconf, self.aux_ids, self.drafter_layer = inp.model_path, inp.vconf, inp.aux_ids, \
+            inp.drafter_layer
+        self.reader, self.store_dir, self.lengths, self.split = inp.reader, inp.store_dir, inp.lengths, inp.split
+        self.truncated, self.init, self.vocab = inp.truncated, inp.init, inp.vocab
         self.ecfg = ctx.profile.section("extract")  # online: extract.backend computes the states
-        n_all = len(self.reader) if cfg.max_samples is None else min(len(self.reader), cfg.max_samples)
-        if n_all == 0:
-            raise TrainingError(f"{store_dir}: the hidden-state store holds no samples (did the extract stage run?)")
-        self.lengths = self.reader.lengths
-        self.split = split_samples(n_all, cfg.val_fraction, cfg.val_max_samples, cfg.seed, self.reader.ids[:n_all])
-        if cfg.train_fraction < 1:
-            self.split = Split(nested_subset(self.split.train, cfg.train_fraction, cfg.seed, self.reader.ids),
-                               self.split.val)
-        if not self.split.train:
-            raise TrainingError(f"{store_dir}: no training samples left after the validation split ({n_all} samples)")
-        self.truncated = sum(1 for i in self.split.train if self.lengths[i] > cfg.packed_row_tokens)
-
-        # the draft vocabulary: counted once, saved, reused on resume
-        vocab_path = self.out_dir / "draft_vocab.safetensors"
-        resumable = cfg.resume and list_checkpoints(self.ckpt_root)
-        self.init = read_init_source(cfg.init_from) if cfg.init_from and not resumable else None
-        if self.init is not None:  # before any compute: does the drafter fit this verifier and these settings?
-            n_draft = min(cfg.draft_vocab_size, int(self.vconf.vocab_size))
-            check_init_source(self.init, drafter_config_from(cfg, self.vconf, aux_ids, n_draft, self.model_path,
-                                                             self.drafter_layer), cfg.init_draft_vocab)
-        if self.rank == 0 and not (resumable and vocab_path.exists()):
-            counts = count_loss_tokens(self.reader, self.split.train, int(self.vconf.vocab_size))
-            if int(counts.sum()) == 0:
-                raise TrainingError(f"{store_dir}: no loss-masked (assistant) tokens in the training split")
-            keep = self.init is not None and cfg.init_draft_vocab == "keep"
-            vocab = DraftVocab(self.init.draft_ids, int(self.vconf.vocab_size), counts) if keep else \
-                build_draft_vocab(counts, cfg.draft_vocab_size)
-            vocab.save(vocab_path)
-        dist.barrier()
-        self.vocab = DraftVocab.load(vocab_path)
-        if self.vocab.vocab_size != int(self.vconf.vocab_size):
-            raise TrainingError(f"{vocab_path}: built for vocab {self.vocab.vocab_size}, verifier has {self.vconf.vocab_size}")
+        self.states = None
         log(f"draft vocabulary: {self.vocab.size} of {self.vocab.vocab_size} tokens, coverage {self.vocab.coverage:.4f} "
             f"of loss-masked training tokens; kernels={self.backend}; attention={self.attention}; device={self.device}; "
             f"processes={self.world}")
 
-    def _model(self, vcfg) -> None:
+    def _model(self, vcfg: VerifierConfig) -> None:
         cfg, device = self.cfg, self.device
         self.dcfg = drafter_config_from(cfg, self.vconf, self.aux_ids, self.vocab.size, self.model_path, self.drafter_layer)
         longest = min(max((self.lengths[i] for i in self.split.train), default=1), cfg.packed_row_tokens)
@@ -159,6 +127,7 @@ class Trainer:
         drafter.set_vocab(self.vocab.draft_ids)
         head = load_verifier_head(self.model_path, vcfg.trust_remote_code)
         init_from_verifier(drafter, head)
+        drafter.lm_head.weight.requires_grad_(not cfg.freeze_lm_head)
         if self.init is not None:
             n = apply_init_source(drafter, self.init, self.vocab.draft_ids)
             log(f"starting from {self.init.path} ({self.init.layout} layout; {n} of {self.vocab.size} lm_head rows)")
@@ -174,7 +143,7 @@ class Trainer:
             for d in damaged:
                 log(f"skipped a damaged checkpoint: {d}")
             self.resume_state = rs
-            check_compatible(self.resumed_from, self.dcfg, self.vocab.draft_ids, rs)
+            check_compatible(self.resumed_from, self.dcfg, self.vocab.draft_ids, rs, cfg.freeze_lm_head)
             missing, unexpected = drafter.load_state_dict(weights, strict=False)
             if unexpected or [m for m in missing if m not in ("d2t", "t2d")]:  # set from the draft vocab above
                 raise CheckpointError(f"{self.resumed_from}: weights do not match the drafter ({missing}, {unexpected})")
@@ -252,7 +221,7 @@ class Trainer:
         self.last_val: dict[str, Any] = {}
         self.saved_step = self.progress.step if self.resumed_from else -1
         if self.resumed_from is not None:
-            self._restore_best()
+            restore_best(self, log)
         pool = ThreadPoolExecutor(1)
         next_batches = pool.submit(self.load_step, pr.step) if pr.step < plan.total_steps else None
         try:
@@ -289,7 +258,7 @@ class Trainer:
                         next_batches.result()  # the reader is not shared between threads: let the prefetch finish
                     self.last_val = validate(self)
                     self._emit(self.last_val)
-                    self._score(self.last_val)
+                    score(self, self.last_val)
                     if cfg.patience and self.best.since_best >= cfg.patience:
                         if self.window.steps:  # the open logging window is written before the run ends
                             self._log_train(lr, grad_norm)
@@ -309,7 +278,7 @@ class Trainer:
                 self.states.close()
             if old_handler is not None:
                 signal.signal(signal.SIGTERM, old_handler)
-        return self._finish()
+        return finish(self, log)
 
     def _cache_open(self) -> bool:
         return self.states is not None and self.states.cache is not None
@@ -375,7 +344,7 @@ class Trainer:
         pr = self.progress
         stop_now = dist.all_reduce_(torch.tensor([1.0 if self.stop_requested else 0.0], device=self.device), "max")
         if float(stop_now[0]) > 0 and pr.step < self.plan.total_steps:
-            self.last_ckpt = self.save(pr.step)
+            self.last_ckpt = save_step(self, pr.step)
             log(f"SIGTERM: saved {self.last_ckpt} at step {pr.step}; run the stage again to resume")
             if self.rank == 0:
                 update_manifest(self.out_dir, status="interrupted", resume_from=str(self.last_ckpt),
@@ -383,104 +352,10 @@ class Trainer:
                                 error=f"interrupted by SIGTERM at step {pr.step}; checkpoint {self.last_ckpt}")
             raise TrainingInterrupted(f"interrupted at step {pr.step}; checkpoint saved to {self.last_ckpt}")
         if pr.step % self.cfg.ckpt_every == 0 and pr.step < self.plan.total_steps and self.saved_step != pr.step:
-            self.last_ckpt = self.save(pr.step)
-
-    def save(self, step: int) -> Path:
-        """Step checkpoint with the resume state (all ranks take part in gathering; rank 0 writes)."""
-        state = dist.model_state(self.module)
-        optim = dist.optimizer_state(self.module, self.opt)
-        path = checkpoint_dir(self.ckpt_root, step)
-        if self.rank == 0:
-            pr = self.progress
-            training_state = {
-                **asdict(pr), "step": step, "elapsed_s": self.elapsed(), "optimizer": optim,
-                "scheduler": {"step": step, "total_steps": self.plan.total_steps},
-                "rng_cpu": torch.get_rng_state(),
-                "rng_cuda": torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None,
-                "drafter_config": self.dcfg.to_dict(), "draft_ids": self.vocab.draft_ids,
-                "data": {"epoch": self.plan.locate(step - 1)[0] if step else 0, "seed": self.cfg.seed},
-                "window": self.window.state(), "best": self.best.state(),
-            }
-            save_drafter(state, self.dcfg, path, training_state)
-            prune_checkpoints(self.ckpt_root, self.cfg.keep_checkpoints)
-        dist.barrier()
-        self.saved_step = step
-        return path
-
-    def _score(self, val_rec: dict[str, Any]) -> None:
-        """Checkpoint choice by acceptance (eagle3lib/training/best.py): a new best is saved as a step checkpoint
-        (its training state names it) and then as best/. Every rank decides alike: the validation stats are reduced."""
-        self.best.scored(val_rec)
-        if not self.best.is_better(val_rec):
-            return
-        self.best.take(val_rec, self.last_train, self.cfg.ttt_steps)
-        self.best_val = val_rec
-        if self.progress.step < self.plan.total_steps:  # the last step's checkpoint is _finish's
-            self.last_ckpt = self.save(self.progress.step)
-        self._write_best()
-
-    def _write_best(self) -> None:
-        state = dist.model_state(self.module)
-        if self.rank == 0:
-            save_drafter(state, self.dcfg, self.out_dir / "best", extra_files={SELECTION: selection(self.best)})
-        dist.barrier()
-
-    def _restore_best(self) -> None:
-        action = on_resume(self.out_dir / "best", self.best, self.progress.step)
-        dist.barrier()  # every rank has read best/ before rank 0 may remove it
-        if action == "write":
-            self._write_best()
-        elif action == "forget":
-            if self.rank == 0:
-                shutil.rmtree(self.out_dir / "best", ignore_errors=True)
-            log(f"best/ is not the resumed checkpoint's best (step {self.best.step}): the validations from here choose again")
-            self.best = Best()
-
-    # ------------------------------------------------------------------------------------------------------- end
-    def _finish(self) -> dict[str, Any]:
-        """Final checkpoint (with resume state, so a longer rerun continues), the vLLM-loadable export, the figures."""
-        cfg = self.cfg
-        if self.saved_step != self.progress.step:
-            self.last_ckpt = self.save(self.progress.step)  # the last step (or where train.patience stopped)
-        state = dist.model_state(self.module)
-        online = states_figures(self.states, lambda t: dist.all_reduce_(t.to(self.device)).cpu()) if self.states else {}
-        if self.rank != 0:
-            return {}
-        final_dir = save_drafter(state, self.dcfg, self.out_dir / "final")
-        exports = {f"checkpoint_{lay}": save_drafter(state, self.dcfg, self.out_dir / f"final-{lay}", layout=lay).name
-                   for lay in cfg.export_layouts}
-        last_train, last_val, best_val = self.last_train, self.last_val, self.best_val
-        if not last_train or not last_val or (self.best.step and best_val is None):  # resumed: the records are in the file
-            recs = read_metrics(self.out_dir / "metrics.jsonl")
-            last_train = last_train or next((r for r in reversed(recs) if r.get("kind") == "train"), {})
-            last_val = last_val or next((r for r in reversed(recs) if r.get("kind") == "val"), {})
-            best_val = best_val or next((r for r in recs if r.get("kind") == "val" and r["step"] == self.best.step), {})
-        figures = {**run_figures(self, last_train, last_val, best_val), "hidden_states": cfg.hidden_states, **online,
-                   "memory_model_gb": self.memory_model_gb}
-        outputs = {"checkpoint": str(final_dir.relative_to(self.out_dir)), "metrics": "metrics.jsonl",
-                   "draft_vocab": "draft_vocab.safetensors",
-                   "last_step_checkpoint": str(self.last_ckpt.relative_to(self.out_dir))}
-        if self.best.step and (self.out_dir / "best" / SELECTION).exists():
-            outputs["best"] = "best"
-        outputs.update({**exports, **self.trackers.outputs()})
-        self.trackers.summary(figures, self.progress.step)
-        if self.trackers.errors:
-            figures["tracker_errors"] = len(self.trackers.errors)
-        m = (self.timer.finish(figures, outputs) if self.timer else
-             update_manifest(self.out_dir, status="complete", figures=figures, outputs=outputs,
-                             finished_at=(now := now_iso()), completed_at=now))
-        update_manifest(self.out_dir, resume_from=None, error=None, tracker_errors=self.trackers.errors or None)
-        log(f"done: {self.progress.step} steps, tau_est {figures['tau_est']}, val_tau_est {figures['val_tau_est']}; "
-            f"checkpoint {final_dir.name}/")
-        if self.best.step:
-            log(f"best validation: step {self.best.step} (epoch {self.best.epoch:.2f}), val_tau_est "
-                f"{self.best.val_tau_est:.3f}: train/best/" + (
-                    "; still improving at the last validation: more epochs or more data may raise it further"
-                    if self.best.still_improving else ""))
-        return m
+            self.last_ckpt = save_step(self, pr.step)
 
 
-def train(ctx, *, on_record=None) -> dict[str, Any]:
+def train(ctx: StageContext, *, on_record: OnRecord | None = None) -> dict[str, Any]:
     """Train in this process (alone, or as one torchrun rank). Returns the manifest (rank 0) or {} (other ranks)."""
     with dist.process_group(training_device(ctx.cfg)):
         rank = dist.rank()
