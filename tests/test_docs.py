@@ -117,3 +117,18 @@ def test_the_site_opens_from_the_file_system_and_navigates_to_the_reference(brow
     # from file:// the theme looks for a script form of the search index, which only the offline plugin writes
     # (with its CDN shim): search needs the local server, as mkdocs.yml says; nothing else may fail
     assert not [e for e in errors if "file://" not in e or "/search/search_index.js" not in e], errors
+
+
+def test_architecture_names_every_library_module():
+    """ARCHITECTURE.md is how a newcomer finds a module: one added without a word there fails here."""
+    doc = (ROOT / "ARCHITECTURE.md").read_text()
+    missing = [str(p.relative_to(ROOT)) for p in sorted((ROOT / "eagle3lib").rglob("*.py"))
+               if p.name != "__init__.py" and p.parent.name != "eagle3lib" and "assets" not in p.parts
+               and not re.search(rf"(`|/){re.escape(p.stem)}(`|\.py|\b)", doc)]
+    assert not missing, f"modules ARCHITECTURE.md does not name: {missing}"
+
+
+def test_the_readme_stays_a_front_page():
+    """The README is what a newcomer reads first: at most 120 lines; results history lives in docs/results.md."""
+    lines = (ROOT / "README.md").read_text().splitlines()
+    assert len(lines) <= 120, f"README.md has {len(lines)} lines; move detail to docs/"

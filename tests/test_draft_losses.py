@@ -124,3 +124,26 @@ def test_the_hidden_state_term_changes_the_gradient_not_the_report(one_thread):
     x, y = torch.randn(4, 6), torch.randn(4, 6)
     assert float(hidden_state_loss(x, y, torch.tensor([1.0, 0, 1, 1]))) == pytest.approx(
         float(((x - y) ** 2).mean(-1)[[0, 2, 3]].sum()), rel=1e-6)
+
+
+def test_the_loss_table_is_what_the_config_accepts():
+    from typing import get_args
+
+    from eagle3lib.config.train import Loss
+    from eagle3lib.model.draft_losses import LOSSES as TABLE
+
+    assert list(get_args(Loss)) == list(TABLE) == LOSSES
+
+
+def test_jsd_gradient_is_finite_where_both_distributions_underflow():
+    """Far-apart logits make p and q both 0.0 in fp32 at most entries: log((p + q) / 2) would be -inf there and its
+    gradient NaN; the log-sum-exp form keeps every gradient finite."""
+    z = torch.zeros(2, 64)
+    z[:, 0] = 200.0  # q puts all its mass on token 0 ...
+    t = torch.zeros(2, 64)
+    t[:, 1] = 200.0  # ... p all of its on token 1: every other entry underflows in both
+    z.requires_grad_(True)
+    from eagle3lib.model.draft_losses import row_losses
+
+    row_losses(z, t, "jsd").sum().backward()
+    assert torch.isfinite(z.grad).all()

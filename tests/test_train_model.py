@@ -370,3 +370,26 @@ def test_micro_batch_without_a_counted_position():
     loss, stats = m(mb, torch.ones(3))
     loss.backward()
     assert float(loss) == 0.0 and float(stats.sum()) == 0.0
+
+
+def test_draft_target_logits_train_on_the_draft_rows_and_validate_on_all():
+    """train.target_logits=draft: in training the loss is the full-vocabulary one with out_of_vocab="keep" (the same
+    draft-vocabulary targets, nothing masked) and no position counts as outside; in eval mode it is the full path."""
+    W = torch.randn(V, H, generator=torch.Generator().manual_seed(3)) * 3  # many argmaxes outside the even-id vocab
+    mb = packed_batch([[9, 7], [14]], S=16, seed=7)
+    den = torch.tensor(counted_per_step(mb.loss_mask, mb.doc, 3), dtype=torch.float32)
+
+    def run(target_logits: str, out_of_vocab: str, train: bool):
+        m = TTTModel(make_drafter(seed=1), torch.ones(H), W, 1e-6, 3, 0.8, out_of_vocab=out_of_vocab,
+                     target_logits=target_logits).train(train)
+        with torch.no_grad():
+            return m(mb, den)
+
+    loss_d, st_d = run("draft", "mask", True)
+    loss_k, st_k = run("full", "keep", True)
+    assert float(st_k[4].sum()) > 0 and float(st_d[4].sum()) == 0  # outside positions exist; draft cannot see them
+    torch.testing.assert_close(loss_d, loss_k, rtol=1e-5, atol=1e-6)
+    loss_e, st_e = run("draft", "mask", False)  # validation: exactly the full path
+    loss_f, st_f = run("full", "mask", False)
+    torch.testing.assert_close(loss_e, loss_f, rtol=0, atol=0)
+    torch.testing.assert_close(st_e, st_f, rtol=0, atol=0)

@@ -8,6 +8,9 @@ from pydantic import Field, field_validator, model_validator
 
 from eagle3lib.config.launch import TorchrunConfig
 
+# the drafter's losses: eagle3lib/model/draft_losses.py's LOSSES table defines each (a test keeps the two equal)
+Loss = Literal["kl", "reverse_kl", "jsd", "tv", "ce_argmax"]
+
 
 class TrainConfig(TorchrunConfig):
     # --- drafter architecture (written to the checkpoint's config.json; a resume with other values is an error)
@@ -41,11 +44,16 @@ class TrainConfig(TorchrunConfig):
     # --- training-time test and loss
     ttt_steps: int = Field(3, ge=1)  # K drafted tokens trained per position; vLLM's num_speculative_tokens for the checkpoint
     decay: float = Field(0.8, gt=0, le=1)  # loss weight decay**k of TTT step k (EAGLE/SpecForge 0.8; speculators 1.0)
-    loss: Literal["kl", "reverse_kl", "jsd", "tv", "ce_argmax"] = "kl"  # the drafter's loss against the verifier's
+    loss: Loss = "kl"  # the drafter's loss against the verifier's
     # distribution: forward KL (EAGLE-3's; the fused kernel), reverse KL, Jensen-Shannon, total variation, or hard
     # cross-entropy on the verifier's argmax (definitions: eagle3lib/model/draft_losses.py)
     hidden_state_loss_weight: float = Field(0.0, ge=0)  # > 0 adds this times the mean squared error between the
     # drafter's normed output state and the verifier's normed final state (hidden-state distillation); 0 = off
+    target_logits: Literal["full", "draft"] = "full"  # the verifier's logits a training step computes: "full" its
+    # whole vocabulary (its argmax decides out_of_vocab); "draft" only the draft vocabulary's rows (speculators'
+    # convention): ~1/9 of a SmolLM2 step saved (49,152 vs 16,384 rows), ~1/4 of the lm_head work at Kimi's 163,840 vs
+    # 32,000; a position whose argmax lies outside then trains on its in-vocabulary rest. Validation always uses the
+    # full vocabulary, so its estimate and the reported out-of-vocabulary share stay exact
     out_of_vocab: Literal["mask", "keep"] = "mask"  # positions whose verifier argmax is outside the draft vocab:
     # "mask" drops them from the loss (the drafter can never propose that token); "keep" trains on the renormalised rest
 

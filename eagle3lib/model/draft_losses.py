@@ -19,33 +19,52 @@ Each returns (sum over rows of weight * loss, the drafter's argmax per row), the
 
 from __future__ import annotations
 
-from typing import Literal
+import math
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-Loss = Literal["kl", "reverse_kl", "jsd", "tv", "ce_argmax"]
+from eagle3lib.config.train import Loss
+
 CHUNK_ROWS = 2048  # rows whose logits are held at once: 2,048 x 32,000 fp32 = 256 MiB at the kimi-k2.5 draft vocabulary
+
+
+def _kl(log_p: torch.Tensor, log_q: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    return (log_p.exp() * (log_p - log_q)).sum(-1)
+
+
+def _reverse_kl(log_p: torch.Tensor, log_q: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    return (log_q.exp() * (log_q - log_p)).sum(-1)
+
+
+def _jsd(log_p: torch.Tensor, log_q: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    # log m = log((p + q) / 2) as a log-sum-exp: finite with finite gradients where p and q both underflow to 0
+    # (log(p + q) there is -inf, and its gradient NaN)
+    log_m = torch.logaddexp(log_p, log_q) - math.log(2.0)
+    return 0.5 * ((log_p.exp() * (log_p - log_m)).sum(-1) + (log_q.exp() * (log_q - log_m)).sum(-1))
+
+
+def _tv(log_p: torch.Tensor, log_q: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    return 0.5 * (log_p.exp() - log_q.exp()).abs().sum(-1)
+
+
+def _ce_argmax(log_p: torch.Tensor, log_q: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    return -log_q.gather(-1, target.argmax(-1, keepdim=True)).squeeze(-1)
+
+
+# train.loss: the one table of losses (config's `Loss` Literal names exactly these: tests/test_draft_losses.py)
+LOSSES: dict[str, Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]] = {
+    "kl": _kl, "reverse_kl": _reverse_kl, "jsd": _jsd, "tv": _tv, "ce_argmax": _ce_argmax,
+}
 
 
 def row_losses(z: torch.Tensor, target: torch.Tensor, loss: Loss) -> torch.Tensor:
     """Per-row loss of drafter logits z [N, V] against verifier logits target [N, V] (both upcast to fp32)."""
-    log_q = F.log_softmax(z.float(), dim=-1)
-    log_p = F.log_softmax(target.float(), dim=-1)
-    if loss == "kl":
-        return (log_p.exp() * (log_p - log_q)).sum(-1)
-    if loss == "reverse_kl":
-        return (log_q.exp() * (log_q - log_p)).sum(-1)
-    if loss == "jsd":
-        p, q = log_p.exp(), log_q.exp()
-        log_m = torch.log((p + q) / 2).clamp_min(-1e4)  # m > 0 wherever p or q is; the clamp only guards exp underflow
-        return 0.5 * ((p * (log_p - log_m)).sum(-1) + (q * (log_q - log_m)).sum(-1))
-    if loss == "tv":
-        return 0.5 * (log_p.exp() - log_q.exp()).abs().sum(-1)
-    if loss == "ce_argmax":
-        return -log_q.gather(-1, target.argmax(-1, keepdim=True)).squeeze(-1)
-    raise ValueError(f"unknown loss {loss!r}")
+    if loss not in LOSSES:
+        raise ValueError(f"unknown loss {loss!r}; losses: {', '.join(LOSSES)}")
+    return LOSSES[loss](F.log_softmax(target.float(), dim=-1), F.log_softmax(z.float(), dim=-1), target)
 
 
 def _chunk(h: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, w: torch.Tensor, loss: str) -> torch.Tensor:

@@ -135,11 +135,16 @@ class TTTModel(nn.Module):
 
     def __init__(self, drafter: Eagle3Drafter, target_norm: torch.Tensor, target_head_full: torch.Tensor,
                  rms_norm_eps: float, ttt_steps: int, decay: float, out_of_vocab: str = "mask",
-                 attention: str = "auto", kernels_backend: str = "torch", loss: str = "kl", hidden_weight: float = 0.0):
+                 attention: str = "auto", kernels_backend: str = "torch", loss: str = "kl", hidden_weight: float = 0.0,
+                 target_logits: str = "full"):
         super().__init__()
         self.drafter = drafter
         self.register_buffer("target_norm", target_norm.detach().clone(), persistent=False)
         self.register_buffer("target_head_full", target_head_full.detach().clone(), persistent=False)
+        self.target_logits = target_logits  # train.target_logits: "draft" = training steps use the rows below only
+        if target_logits == "draft":
+            self.register_buffer("target_head_draft", target_head_full[drafter.draft_ids.cpu()].detach().clone(),
+                                 persistent=False)
         self.eps = rms_norm_eps
         self.K = ttt_steps
         self.decay = decay
@@ -158,9 +163,16 @@ class TTTModel(nn.Module):
     def targets(self, final: torch.Tensor, chunk: int = 4096) -> tuple[torch.Tensor, torch.Tensor]:
         """(target logits on the draft vocab [N, Vd] fp32, verifier argmax over the full vocab [N]) of final [N, H]."""
         x = self.normed(final)
-        W = self.target_head_full
         ids = self.drafter.draft_ids
         tl, am = [], []
+        if self.training and self.target_logits == "draft":  # the draft rows only: argmax within the draft vocab
+            W = self.target_head_draft
+            for s in range(0, max(1, x.shape[0]), chunk):
+                part = (x[s : s + chunk].to(W.dtype) @ W.t()).float()
+                am.append(ids[part.argmax(-1)])
+                tl.append(part)
+            return torch.cat(tl), torch.cat(am)
+        W = self.target_head_full
         for s in range(0, max(1, x.shape[0]), chunk):  # once at least: a micro-batch may have no counted position
             full = x[s : s + chunk].to(W.dtype) @ W.t()
             am.append(full.argmax(-1))

@@ -32,8 +32,7 @@ def run_figures(t, last_train: dict[str, Any], last_val: dict[str, Any], best_va
     figures.update({
         "draft_vocab_size": t.vocab.size,
         "draft_vocab_coverage": t.vocab.coverage,
-        "argmax_outside_draft_vocab": t.progress.oov_step0,
-        "argmax_outside_draft_vocab_frac": t.progress.oov_step0 / t.progress.counted_step0 if t.progress.counted_step0 else 0.0,
+        **outside_draft_vocab(t, last_val),
         "peak_mem_mb": last_train.get("peak_mem_mb"),
         "wall_s": round(time.time() - t.t_start, 2),
         "train_s": round(t.train_time, 2),
@@ -55,3 +54,15 @@ def run_figures(t, last_train: dict[str, Any], last_val: dict[str, Any], best_va
         **t.best.figures(best_val, t.cfg.ttt_steps),
     })
     return figures
+
+
+def outside_draft_vocab(t, last_val: dict[str, Any]) -> dict[str, Any]:
+    """Counted positions whose verifier argmax lies outside the draft vocabulary: from the training steps, or from the
+    last validation when train.target_logits=draft (the steps then never look outside)."""
+    if t.cfg.target_logits == "draft":
+        n, pos = last_val.get("positions_outside_draft_vocab"), last_val.get("positions")
+        return {"argmax_outside_draft_vocab": n, "argmax_outside_draft_vocab_frac": n / pos if n is not None and pos
+                else None, "argmax_outside_draft_vocab_from": "validation"}
+    pr = t.progress
+    return {"argmax_outside_draft_vocab": pr.oov_step0, "argmax_outside_draft_vocab_frac":
+            pr.oov_step0 / pr.counted_step0 if pr.counted_step0 else 0.0, "argmax_outside_draft_vocab_from": "training"}

@@ -156,7 +156,8 @@ class Trainer:
             log(f"resuming from {self.resumed_from} (step {self.progress.step})")
         self.n_params = count_parameters(drafter)  # the embedding is a buffer (frozen, not saved)
         self.ttt = TTTModel(drafter, head.norm_weight, head.lm_head, head.rms_norm_eps, cfg.ttt_steps, cfg.decay,
-                            cfg.out_of_vocab, self.attention, self.backend, cfg.loss, cfg.hidden_state_loss_weight)
+                            cfg.out_of_vocab, self.attention, self.backend, cfg.loss, cfg.hidden_state_loss_weight,
+                            cfg.target_logits)
         self.ttt, head = self.ttt.to(device), None  # the head's copy lives in the module now
         bf16 = cfg.precision == "bfloat16" or (cfg.precision == "auto" and device.type == "cuda")
         self.amp = (lambda: torch.autocast(device_type=device.type, dtype=torch.bfloat16)) if bf16 else nullcontext

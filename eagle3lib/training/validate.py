@@ -49,7 +49,8 @@ def validate(t) -> dict[str, Any]:
     step = t.progress.step
     rec = {"kind": "val", "step": step, "epoch": round(t.plan.epoch_float(step - 1), 4), "time": time.time(),
            "elapsed_s": t.elapsed(), "tokens": int(counts[0]), "samples": int(counts[1]),
-           "positions": int(stats[0, 0]), **summarize(stats.cpu(), cfg.decay)}  # positions: counted at step 0
+           "positions": int(stats[0, 0]), "positions_outside_draft_vocab": int(stats[4, 0]),  # counted at step 0
+           **summarize(stats.cpu(), cfg.decay)}
     if t.rank == 0:
         ids = [t.reader.ids[i] for i in where]
         per_sample = per_sample.cpu().long()
