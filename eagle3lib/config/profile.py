@@ -7,7 +7,6 @@ value parsed as YAML (`--set train.steps=50`, `--set verifier.aux_layer_ids=[1,3
 
 from __future__ import annotations
 
-import importlib
 import re
 from pathlib import Path
 from typing import Any
@@ -15,24 +14,10 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from eagle3lib.config.registry import SECTIONS
 from eagle3lib.core.hints import did_you_mean
 from eagle3lib.core.paths import PARAMS_DIR
 
-# section -> "module:Class". Stages register here; the runner and notebooks validate through this table.
-SECTIONS: dict[str, str] = {
-    "verifier": "eagle3lib.config.verifier:VerifierConfig",
-    "verifier_report": "eagle3lib.config.verifier_report:VerifierReportConfig",
-    "generate": "eagle3lib.config.generate:GenerateConfig",
-    "extract": "eagle3lib.config.extract:ExtractConfig",
-    "train": "eagle3lib.config.train:TrainConfig",
-    "evaluate": "eagle3lib.config.evaluate:EvaluateConfig",
-    "data_scaling": "eagle3lib.config.data_scaling:DataScalingConfig",
-    "recipes": "eagle3lib.config.recipes:RecipesConfig",
-    "learning_curves": "eagle3lib.config.analysis:LearningCurvesConfig",
-    "cost_projection": "eagle3lib.config.analysis:CostProjectionConfig",
-    "compare_runs": "eagle3lib.config.analysis:CompareRunsConfig",
-    "deployment": "eagle3lib.config.deployment:DeploymentConfig",
-}
 TOP_LEVEL_TEXT = {"description"}  # free text allowed at the top of a profile
 # Keys that were renamed: a profile or --set using the old name gets an error naming the new one.
 RENAMED = {
@@ -47,20 +32,7 @@ class ParamsError(ValueError):
 
 
 def section_class(section: str) -> type[BaseModel]:
-    module, cls = SECTIONS[section].split(":")
-    return getattr(importlib.import_module(module), cls)
-
-
-def available_sections() -> list[str]:
-    """Sections whose config module exists (stages land one by one)."""
-    out = []
-    for name, target in SECTIONS.items():
-        try:
-            importlib.import_module(target.split(":")[0])
-        except ModuleNotFoundError:
-            continue
-        out.append(name)
-    return out
+    return SECTIONS[section]
 
 
 def resolve_profile_path(profile: str | Path) -> Path:
@@ -222,7 +194,7 @@ def load_profile(profile: str | Path, overrides: dict[str, Any] | None = None, s
         if key not in SECTIONS:
             src = "--set" if any(k.startswith(f"{key}.") for k in overrides) else where(key)
             raise ParamsError(f"{src}: unknown section '{key}'{did_you_mean(key, list(SECTIONS))}")
-    wanted = sections if sections is not None else available_sections()
+    wanted = sections if sections is not None else list(SECTIONS)
     wanted = list(dict.fromkeys(["verifier", *wanted]))
     validated, problems = {}, []
     for name in wanted:
