@@ -7,12 +7,14 @@ by papermill directly is checked too), and `ctx.cfg` is the stage's typed sectio
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from eagle3lib.config.profile import Profile, load_profile
+from eagle3lib.config.profile import Profile, load_profile, parse_set
 from eagle3lib.config.registry import STAGES, Stage
 from eagle3lib.core.hints import did_you_mean
 from eagle3lib.core.paths import NOTEBOOKS_DIR, REPO_ROOT
@@ -128,3 +130,17 @@ def open_stage(name: str, profile: str | Path, run_dir: str | Path | None, overr
     ctx = StageContext(stage, prof, run_dir, Path(out_dir).resolve() if out_dir else None)
     ctx.dir.mkdir(parents=True, exist_ok=True)
     return ctx
+
+
+def open_rank_stage(name: str, argv: list[str] | None, what: str) -> StageContext:
+    """The context of one torchrun rank: the command line the stage's launcher passes to every process it starts,
+    `python -m eagle3lib.stages.<name> --profile P --run-dir R [--overrides-json J] [--set k=v ...] [--out-dir D]`."""
+    ap = argparse.ArgumentParser(prog=f"python -m eagle3lib.stages.{name}", description=f"{what} (one rank).")
+    ap.add_argument("--profile", default="tiny")
+    ap.add_argument("--run-dir", required=True)
+    ap.add_argument("--set", action="append", dest="sets", default=[], metavar="SECTION.KEY=VALUE")
+    ap.add_argument("--overrides-json", default="{}")
+    ap.add_argument("--out-dir", default=None, help=f"write here instead of RUN_DIR/{name} (a data-scaling point)")
+    a = ap.parse_args(argv)
+    return open_stage(name, a.profile, a.run_dir, {**json.loads(a.overrides_json), **parse_set(a.sets)},
+                      out_dir=a.out_dir)

@@ -23,7 +23,6 @@ the ranks, with a row per rank. A killed rank's complete shards stay: the next r
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -402,16 +401,9 @@ def run(ctx, *, echo=print) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     """One extraction process (what torchrun starts, once per rank)."""
-    from eagle3lib.config.profile import parse_set
-    from eagle3lib.config.stages import open_stage
+    from eagle3lib.config.stages import open_rank_stage
 
-    ap = argparse.ArgumentParser(prog="python -m eagle3lib.stages.extract", description="Extract hidden states (one rank).")
-    ap.add_argument("--profile", default="tiny")
-    ap.add_argument("--run-dir", required=True)
-    ap.add_argument("--set", action="append", dest="sets", default=[], metavar="SECTION.KEY=VALUE")
-    ap.add_argument("--overrides-json", default="{}")
-    a = ap.parse_args(argv)
-    ctx = open_stage("extract", a.profile, a.run_dir, {**json.loads(a.overrides_json), **parse_set(a.sets)})
+    ctx = open_rank_stage("extract", argv, "Extract hidden states")
     with ranks.process_group(torch.device("cpu")):  # gloo: barriers and the per-rank figures only, never tensors
         try:
             extract(ctx.cfg, ctx.verifier, ctx.dir, ctx.stage_dir("generate"), ctx.manifest_params(),

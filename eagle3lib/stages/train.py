@@ -10,12 +10,9 @@ eagle3lib/training/launch.py.
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 
-from eagle3lib.config.profile import parse_set
-from eagle3lib.config.stages import open_stage
+from eagle3lib.config.stages import open_rank_stage
 from eagle3lib.trackers.base import TrackerError
 from eagle3lib.training.launch import launch
 from eagle3lib.training.loop import TrainingError, TrainingInterrupted, train
@@ -26,15 +23,7 @@ run = launch  # what the notebook calls
 
 def main(argv: list[str] | None = None) -> int:
     """One training process (what torchrun starts)."""
-    ap = argparse.ArgumentParser(prog="python -m eagle3lib.stages.train", description="Train the EAGLE-3 drafter (one rank).")
-    ap.add_argument("--profile", default="tiny")
-    ap.add_argument("--run-dir", required=True)
-    ap.add_argument("--set", action="append", dest="sets", default=[], metavar="SECTION.KEY=VALUE")
-    ap.add_argument("--overrides-json", default="{}")
-    ap.add_argument("--out-dir", default=None, help="write here instead of RUN_DIR/train (a data-scaling point)")
-    a = ap.parse_args(argv)
-    overrides = {**json.loads(a.overrides_json), **parse_set(a.sets)}
-    ctx = open_stage("train", a.profile, a.run_dir, overrides, out_dir=a.out_dir)
+    ctx = open_rank_stage("train", argv, "Train the EAGLE-3 drafter")
     try:
         train(ctx)
     except TrainingInterrupted as e:
