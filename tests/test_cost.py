@@ -11,7 +11,8 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from eagle3lib.analysis.cost import get_row, load_hardware, project, speed_factor, stage_hours
+from eagle3lib.analysis.cost import project, speed_factor, stage_hours
+from eagle3lib.analysis.hardware import get_row, load_hardware
 from eagle3lib.config.profile import load_profile
 
 FIX = Path(__file__).parent / "fixtures" / "analysis"

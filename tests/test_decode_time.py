@@ -1,5 +1,5 @@
 # .venv/bin/python -m pytest -q tests/test_decode_time.py
-"""The decode-round model (eagle3lib/model/decode_time.py) and the deployment analysis built on it: parameter counts
+"""The decode-round model (eagle3lib/analysis/decode_time.py) and the deployment analysis built on it: parameter counts
 against real checkpoints, the roofline against hand arithmetic, the MoE effect (more tokens reach more experts), the
 schedule and where speculation stops paying, tau from acceptance per position, the published comparison's fit, and
 the deployment stage on the kimi-k2.5 profile (a verifier this machine cannot load: its shape is in the profile)."""
@@ -12,12 +12,12 @@ import random
 import pytest
 from safetensors import safe_open
 
+from eagle3lib.analysis.decode_time import DrafterCost, Machine, VerifierCost, chained, round_time, speedup, tau_of
 from eagle3lib.analysis.deployment import schedule, verifier_shape_from
 from eagle3lib.analysis.published_speedups import PUBLISHED, predict
 from eagle3lib.config.deployment import VerifierShape
 from eagle3lib.config.stages import open_stage
 from eagle3lib.core.paths import REPO_ROOT
-from eagle3lib.model.decode_time import DrafterCost, Machine, VerifierCost, chained, round_time, speedup, tau_of
 from eagle3lib.model.drafter_shape import DrafterShape
 from eagle3lib.vllm.k_schedule import fastest_k
 
@@ -123,8 +123,8 @@ def test_tau_from_acceptance_per_position():
 
 
 def test_published_comparison_fits_tau_at_the_smallest_batch_only():
-    from eagle3lib.analysis.cost import load_hardware
     from eagle3lib.analysis.deployment import machine
+    from eagle3lib.analysis.hardware import load_hardware
     from eagle3lib.config.deployment import DeploymentConfig
 
     table = load_hardware(REPO_ROOT / "params" / "hardware.yaml")

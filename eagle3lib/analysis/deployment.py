@@ -1,4 +1,4 @@
-"""Which K to serve at which concurrency on which machine: the decode-round model (eagle3lib/model/decode_time.py, a
+"""Which K to serve at which concurrency on which machine: the decode-round model (eagle3lib/analysis/decode_time.py, a
 MODEL, labelled so everywhere) applied to a profile's verifier and drafter on every hardware row, the schedule it
 implies, and how far it is from measurements: this run's CPU grid (the cpu-2core row) and published GPU figures.
 
@@ -14,9 +14,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from eagle3lib.analysis.decode_time import DrafterCost, Machine, VerifierCost, chained, speedup, tau_of
 from eagle3lib.config.deployment import VerifierShape
 from eagle3lib.config.profile import ParamsError
-from eagle3lib.model.decode_time import DrafterCost, Machine, VerifierCost, chained, speedup, tau_of
 from eagle3lib.model.drafter_shape import DrafterShape, choose_drafter_layer, drafter_config_from
 from eagle3lib.model.verifier import resolve_model
 from eagle3lib.vllm.k_schedule import fastest_k, schedule_ranges
@@ -187,7 +187,7 @@ def build_plan(cfg, profile, run_dir: Path, results: dict[str, Any] | None) -> t
 def k_sweep_model(profile, ckpt: Path, concurrency: int) -> tuple[Callable[[int, float], float], str]:
     """The modelled GPU speedup of K drafts at acceptance length tau, for the evaluate stage's K sweep: the first
     hardware row of the deployment section at evaluate.concurrency."""
-    from eagle3lib.analysis.cost import get_row, load_hardware, resolve_path
+    from eagle3lib.analysis.hardware import get_row, load_hardware, resolve_path
 
     cfg = profile.section("deployment")
     table = load_hardware(resolve_path(cfg.hardware_file))

@@ -14,8 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from eagle3lib.analysis.decode_time import DrafterCost, Machine, VerifierCost, speedup
 from eagle3lib.config.deployment import VerifierShape
-from eagle3lib.model.decode_time import DrafterCost, Machine, VerifierCost, speedup
 from eagle3lib.model.drafter_shape import DrafterShape
 
 LLAMA_31_8B = VerifierShape(num_hidden_layers=32, hidden_size=4096, vocab_size=128256, intermediate_size=14336,

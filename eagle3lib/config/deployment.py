@@ -1,5 +1,5 @@
 """The deployment section: which K to serve at which concurrency on which machine, from a labelled model of a decode
-round's time (eagle3lib/model/decode_time.py) and, where the run has it, the evaluate stage's measured grid.
+round's time (eagle3lib/analysis/decode_time.py) and, where the run has it, the evaluate stage's measured grid.
 
 It runs no model: it reads the evaluate stage's results and the profile's shapes, so it also plans a verifier this
 machine cannot load (the kimi-k2.5 profile states its verifier's shape here, from the model's config.json).

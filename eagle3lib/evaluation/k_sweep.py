@@ -5,7 +5,7 @@ server), on the evaluation's prompts, beside the verifier alone; the K of the ma
 Two recommendations, kept apart because one machine cannot show the other's economics:
   measured here   the K with the highest measured tokens/s over the verifier alone (on 2 CPU cores a drafter step
                   costs about as much as a verifier step, so this is rarely what a GPU wants);
-  GPU model       speedup(K) from eagle3lib/model/decode_time.py (a MODEL: bytes and FLOPs of the verifier checking
+  GPU model       speedup(K) from eagle3lib/analysis/decode_time.py (a MODEL: bytes and FLOPs of the verifier checking
                   K + 1 tokens per request, MoE experts counted, and of the drafter's K forwards, fc once per round)
                   with the measured tau(K), on the deployment section's first hardware row at evaluate.concurrency:
                   an estimate to plan with, labelled as such, never a measurement. The deployment stage draws it over

@@ -12,7 +12,7 @@ import polars as pl
 from eagle3lib.reports.concurrency import ranges_sentence
 from eagle3lib.vllm.speculative_config import speculative_config
 
-MODEL_LABEL = "MODEL (eagle3lib/model/decode_time.py), not a measurement"
+MODEL_LABEL = "MODEL (eagle3lib/analysis/decode_time.py), not a measurement"
 SMALL = 1e8  # verifier parameters below which a GPU decode step is all fixed overhead (the tiny verifiers: 3-6M)
 
 

@@ -173,7 +173,7 @@ def k_sweep_markdown(results: dict[str, Any]) -> str:
     if not sweep:
         return ""
     where = sweep.get("gpu_model")
-    model = (f"**modelled on a GPU** ({where}; an estimate, not a measurement: eagle3lib/model/decode_time.py, drawn over "
+    model = (f"**modelled on a GPU** ({where}; an estimate, not a measurement: eagle3lib/analysis/decode_time.py, drawn over "
              f"every concurrency and machine by the deployment stage): K = {sweep['k_best_gpu_model']}" if where else
              "no GPU model")
     return (f"Best K **measured here**: {sweep['k_best_here']} (tokens/s over the verifier alone on this machine); "

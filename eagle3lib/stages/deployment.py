@@ -1,5 +1,5 @@
 """The deployment stage: which K to serve at which concurrency on each machine of params/hardware.yaml. A decode-round
-MODEL (eagle3lib/model/decode_time.py) with this run's measured acceptance, the schedule it implies per hardware row,
+MODEL (eagle3lib/analysis/decode_time.py) with this run's measured acceptance, the schedule it implies per hardware row,
 and the model held against what was measured: this run's CPU concurrency grid (the cpu-2core row) and published GPU
 figures (eagle3lib/analysis/published_speedups.py). The analysis is eagle3lib/analysis/deployment.py."""
 
@@ -9,7 +9,6 @@ from typing import Any
 
 import polars as pl
 
-from eagle3lib.analysis.cost import get_row, load_hardware, resolve_path
 from eagle3lib.analysis.deployment import (
     CPU_ROW,
     build_plan,
@@ -20,6 +19,7 @@ from eagle3lib.analysis.deployment import (
     schedule,
     source_run,
 )
+from eagle3lib.analysis.hardware import get_row, load_hardware, resolve_path
 from eagle3lib.analysis.published_speedups import PUBLISHED, predict
 from eagle3lib.core.atomic import write_json_atomic, write_text_atomic
 from eagle3lib.core.manifest import StageTimer
