@@ -84,10 +84,10 @@ def test_a_stage_older_than_its_input_is_stale(tmp_path):
 
 def test_one_shared_verifier_server_for_the_stages_that_serve_the_verifier_alone(tmp_path):
     from eagle3lib.config.profile import load_profile, parse_set
-    from eagle3lib.pipeline.runner import _SharedServer
+    from eagle3lib.pipeline.shared_server import SharedServer
 
     def users(will_run, *sets):
-        s = _SharedServer(load_profile("tiny", parse_set(list(sets))), tmp_path, will_run)
+        s = SharedServer(load_profile("tiny", parse_set(list(sets))), tmp_path, will_run)
         return getattr(s, "users", None)
 
     every = ["verifier", "generate", "extract", "train", "evaluate"]

@@ -28,6 +28,7 @@ from eagle3lib.data.store_index import store_problems
 from eagle3lib.pipeline.index import write_index
 from eagle3lib.pipeline.kernel import ipc_kernel_manager
 from eagle3lib.pipeline.preflight import preflight
+from eagle3lib.pipeline.shared_server import SharedServer, SharedServerError
 
 
 class StageFailed(RuntimeError):
@@ -205,59 +206,6 @@ def check_run_dir(run_dir: Path) -> None:
         raise ValueError(f"--run-dir {run_dir}: cannot write there ({e.strerror or e})") from None
 
 
-class _SharedServer:
-    """One local verifier server for every stage of this invocation that serves the verifier alone with the same
-    settings: the verifier report, generate, and evaluate's base measurement (kept up, idle at ~2% of a core, through
-    extract and train). Each vLLM start-up saved is a minute or more on CPU. Started before the first of them,
-    stopped after the last, behind the guard; used only when at least two of them run."""
-
-    def __init__(self, prof, run_dir: Path, will_run: list[str]):
-        self.server = None
-        self.first = self.last = None
-        self.start_s: float | None = None
-        users = []
-        if "verifier" in will_run and prof.section("verifier_report").serve:
-            users.append("verifier")
-        if "generate" in will_run:
-            users.append("generate")
-        ev = prof.section("evaluate")
-        if "evaluate" in will_run and ev.vllm and not ev.base_server_url and not ev.server_args:
-            users.append("evaluate")  # like-for-like: a local base server would get exactly these settings
-        if prof.verifier.server_url or len(users) < 2 or users[0] == "evaluate":
-            return
-        self.users, self.first, self.last = users, users[0], users[-1]
-        self.prof, self.log = prof, run_dir / "vllm-verifier.log"
-
-    def before(self, stage: str) -> None:
-        if stage != self.first or self.server is not None:
-            return
-        from eagle3lib.model.verifier import resolve_model
-        from eagle3lib.vllm.server import SHARED_URL_ENV, server_for_verifier
-
-        vcfg = self.prof.verifier
-        t0 = time.time()
-        _say(f"starting one verifier server for {', '.join(self.users)} (log: {self.log})")
-        try:
-            self.server = server_for_verifier(vcfg, resolve_model(vcfg.model), self.log).start()
-        except Exception as e:
-            raise StageFailed(f"stage '{stage}' failed: the verifier server did not start: {e}") from None
-        os.environ[SHARED_URL_ENV] = self.server.base_url
-        self.start_s = round(time.time() - t0, 1)
-        _say(f"verifier server up in {self.start_s:.0f} s at {self.server.base_url}")
-
-    def after(self, stage: str) -> None:
-        if stage == self.last:
-            self.stop()
-
-    def stop(self) -> None:
-        from eagle3lib.vllm.server import SHARED_URL_ENV
-
-        os.environ.pop(SHARED_URL_ENV, None)
-        if self.server is not None:
-            self.server.stop()
-            self.server = None
-
-
 def _will_run(stage: Stage, run_dir: Path, force: bool) -> bool:
     if force or stage.always_run:
         return True  # (a forced stage's manifest is not read: a damaged one goes aside with its folder)
@@ -301,7 +249,7 @@ def run_pipeline(
     preflight(prof, will_run)  # against the verifier's own config, before any server starts or folder is made
     check_run_dir(run_dir)
     _say(f"profile {prof.name} ({prof.path}) -> {run_dir}; stages: {', '.join(s.name for s in selected)}")
-    shared = _SharedServer(prof, run_dir, will_run)
+    shared = SharedServer(prof, run_dir, will_run, say=_say)
     record: dict[str, Any] = {"profile": prof.name, "started_at": now_iso(), "stages": {}, "status": "running"}
     t_run = time.time()
     try:
@@ -324,14 +272,14 @@ def run_pipeline(
 
 
 def _run_one(i: int, stage: Stage, selected: list[Stage], prof, profile_arg: str, run_dir: Path,
-             overrides: dict[str, Any], force: bool, shared: _SharedServer) -> str | None:
+             overrides: dict[str, Any], force: bool, shared: SharedServer) -> str | None:
     """Run (or skip) one stage; returns "skipped" when it was skipped."""
     with stage_lock(run_dir, stage.name):
         return _run_locked(i, stage, selected, prof, profile_arg, run_dir, overrides, force, shared)
 
 
 def _run_locked(i: int, stage: Stage, selected: list[Stage], prof, profile_arg: str, run_dir: Path,
-                overrides: dict[str, Any], force: bool, shared: _SharedServer) -> str | None:
+                overrides: dict[str, Any], force: bool, shared: SharedServer) -> str | None:
     expected = stage_params(prof, stage)
     stage_dir = run_dir / stage.name
     check_writable(stage_dir)
@@ -360,7 +308,10 @@ def _run_locked(i: int, stage: Stage, selected: list[Stage], prof, profile_arg: 
     _say(f"[{i}/{len(selected)}] {stage.name}: running {stage.notebook}")
     t0 = time.time()
     try:
-        shared.before(stage.name)
+        try:
+            shared.before(stage.name)
+        except SharedServerError as e:
+            raise StageFailed(str(e)) from None
         run_stage(stage, profile_arg, run_dir, overrides, expected)
         shared.after(stage.name)
     except StageFailed as e:
