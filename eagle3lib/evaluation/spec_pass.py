@@ -7,13 +7,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from eagle3lib.config.evaluate import EvaluateConfig
+from eagle3lib.config.verifier import VerifierConfig
 from eagle3lib.evaluation.phases import load_phase, save_phase
 from eagle3lib.vllm.measure import prompt_bucket, run_pass, warmup
 from eagle3lib.vllm.server import server_for_verifier
 from eagle3lib.vllm.speculative_config import speculative_config
 
 
-def measure_spec(cfg, vcfg, model_path: str, ckpt: Path, prompts, k: int, out_dir: Path, name: str,
+def measure_spec(cfg: EvaluateConfig, vcfg: VerifierConfig, model_path: str, ckpt: Path, prompts, k: int, out_dir: Path, name: str,
                  key: dict[str, Any]) -> dict[str, Any]:
     """Greedy tau, acceptance per position and per category, and tokens/s of drafter `ckpt` drafting k tokens per
     step; the server logs to RUN_DIR/evaluate/<name>.log and stops after."""
@@ -28,7 +30,7 @@ def measure_spec(cfg, vcfg, model_path: str, ckpt: Path, prompts, k: int, out_di
         warmup(ep, prompts, cfg.warmup_requests, min(16, cfg.max_tokens), 0.0, cfg.request_timeout_s)
         res = run_pass(ep, prompts, temperature=0.0, max_tokens=cfg.max_tokens, concurrency=cfg.concurrency,
                        request_timeout_s=cfg.request_timeout_s, connect_timeout_s=cfg.connect_timeout_s,
-                       counters=True, label=name, progress=cfg.progress, bucket=prompt_bucket(cfg))
+                       counters=True, label=name, progress=cfg.progress, bucket=prompt_bucket(cfg.context_buckets))
     res.pop("outputs", None)
     save_phase(out_dir, name, key, res)
     return res

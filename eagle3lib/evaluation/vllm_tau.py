@@ -8,13 +8,15 @@ import time
 from pathlib import Path
 from typing import Any
 
+from eagle3lib.config.evaluate import EvaluateConfig
+from eagle3lib.config.verifier import VerifierConfig
 from eagle3lib.evaluation.inputs import select_prompts
+from eagle3lib.evaluation.servers import Servers, pass_settings
 from eagle3lib.vllm.measure import measure_vllm
-from eagle3lib.vllm.servers import Servers
 from eagle3lib.vllm.speculative_config import speculative_config
 
 
-def measure_served(ecfg, vcfg, ckpt: Path | None, k: int, log_dir: Path, modes: list[str], key: str) -> dict[str, Any]:
+def measure_served(ecfg: EvaluateConfig, vcfg: VerifierConfig, ckpt: Path | None, k: int, log_dir: Path, modes: list[str], key: str) -> dict[str, Any]:
     """Start the verifier with `ckpt` as its speculator (K = k; None: the verifier alone, or evaluate's given base
     server), decode evaluate's prompts once per mode, stop it. Per mode: tau, acceptance per draft position, tau per
     category and per context bucket (evaluate.context_buckets), output tokens/s and the outputs (token ids by prompt
@@ -30,7 +32,7 @@ def measure_served(ecfg, vcfg, ckpt: Path | None, k: int, log_dir: Path, modes: 
     t0 = time.time()
     try:
         servers.open(which, speculative_config(ckpt, k) if ckpt is not None else None, background=False)
-        res = measure_vllm(cfg, servers.get(which), prompts, k, which, key)
+        res = measure_vllm(pass_settings(cfg), servers.get(which), prompts, k, which, key)
     finally:
         servers.close_all()
     out: dict[str, Any] = {"prompts": len(prompts), "start_seconds": servers.start_seconds.get(which),
@@ -43,7 +45,7 @@ def measure_served(ecfg, vcfg, ckpt: Path | None, k: int, log_dir: Path, modes: 
     return out
 
 
-def measure_greedy_tau(ecfg, vcfg, ckpt: Path, k: int, log_dir: Path) -> dict[str, Any]:
+def measure_greedy_tau(ecfg: EvaluateConfig, vcfg: VerifierConfig, ckpt: Path, k: int, log_dir: Path) -> dict[str, Any]:
     """Greedy only: tau, the acceptance rate per draft position, output tokens/s and the server's start-up seconds."""
     res = measure_served(ecfg, vcfg, ckpt, k, log_dir, ["greedy"], "data_scaling")
     g = res["greedy"]

@@ -47,12 +47,12 @@ from eagle3lib.evaluation.results import (
     without_outputs,
 )
 from eagle3lib.evaluation.same_dist import same_distribution_estimate
+from eagle3lib.evaluation.servers import Servers, pass_settings
 from eagle3lib.evaluation.turns import later_turn_conversations, verifier_answer
 from eagle3lib.trackers.run import log_evaluation
 from eagle3lib.vllm.endpoint import ServerError
 from eagle3lib.vllm.measure import ServingError, measure_vllm
 from eagle3lib.vllm.server import has_cuda
-from eagle3lib.vllm.servers import Servers
 from eagle3lib.vllm.spec_metrics import MetricsError
 from eagle3lib.vllm.speculative_config import served_as, speculative_config
 
@@ -184,7 +184,7 @@ def _run(ctx, cfg, vcfg, timer) -> dict[str, Any]:
                     if w not in servers.endpoints and w not in servers.threads:
                         _as_input_error(servers.open, w, spec_cfg if w == "spec" else None, background=False)
                     ep = servers.get(w)
-                    res = _as_input_error(measure_vllm, cfg, ep, prompts, k, w, servers.url(w)[1])
+                    res = _as_input_error(measure_vllm, pass_settings(cfg), ep, prompts, k, w, servers.url(w)[1])
                     res["server"]["external"] = servers.url(w)[0] is not None
                     res["server"]["shared"] = servers.key_url(w) == "shared"
                     res["server"]["start_seconds"] = servers.start_seconds.get(w)

@@ -14,6 +14,8 @@ from typing import Any
 
 import httpx
 
+from eagle3lib.config.verifier import VerifierConfig
+
 
 class ServerError(RuntimeError):
     """A server did not start, cannot be reached, or answered something unusable; the message names the URL."""
@@ -102,7 +104,7 @@ def connect_endpoint(url: str, *, model: str | None = None, api_key_env: str | N
     return endpoint
 
 
-def verifier_endpoint(verifier_cfg, connect_timeout_s: float, base_url: str | None = None) -> Endpoint:
+def verifier_endpoint(verifier_cfg: VerifierConfig, connect_timeout_s: float, base_url: str | None = None) -> Endpoint:
     """The profile's running verifier server (`base_url`, else the first of `verifier.server_url`), with its API key
     variable."""
     try:

@@ -28,7 +28,7 @@ from typing import Any
 import httpx
 import torch
 
-from eagle3lib.config.verifier import aux_order_problem
+from eagle3lib.config.verifier import VerifierConfig, aux_order_problem
 from eagle3lib.data.chat_tokens import Tokenized
 from eagle3lib.vllm.endpoint import ServerError, http_client
 from eagle3lib.vllm.measure import FULL_SOFTMAX
@@ -83,7 +83,7 @@ def read_hidden_file(path: str, timeout_s: float = 600.0, server_died=lambda: Fa
 class VLLMExtractor:
     """Starts a local vLLM extraction server; `extract(samples)` yields (sample, aux [T, n_aux, H], final [T, H])."""
 
-    def __init__(self, model_path: str, verifier_cfg: Any, aux_ids: list[int], num_layers: int, work_dir: str | Path,
+    def __init__(self, model_path: str, verifier_cfg: VerifierConfig, aux_ids: list[int], num_layers: int, work_dir: str | Path,
                  max_sample_tokens: int, concurrency: int = 32, request_timeout_s: float = 3600.0,
                  extra_args: list[str] | None = None, max_position_embeddings: int | None = None,
                  staging_budget: int | None = None, hidden_size: int = 0):

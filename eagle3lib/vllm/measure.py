@@ -11,7 +11,7 @@ the same passes, so both throughputs include the same drain at each category bou
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -164,15 +164,29 @@ def run_pass(endpoint: Endpoint, prompts: list[EvalPrompt], *, temperature: floa
     return out
 
 
-def prompt_bucket(cfg) -> Callable[[EvalPrompt], str] | None:
-    """evaluate.context_buckets as a prompt's group: the bucket of its prompt length (None: no buckets)."""
-    edges = getattr(cfg, "context_buckets", None)
+@dataclass(frozen=True)
+class PassSettings:
+    """How a server is measured, as plain values (the evaluation layer fills them from the evaluate section)."""
+    modes: tuple[str, ...]  # "greedy" (temperature 0) and/or "sampled"
+    temperature: float  # the sampled passes' temperature
+    max_tokens: int  # new tokens per prompt
+    concurrency: int  # requests in flight (per_prompt: 1)
+    warmup_requests: int  # untimed requests before each pass
+    request_timeout_s: float
+    connect_timeout_s: float
+    progress: bool = True  # a progress bar per pass
+    context_buckets: tuple[int, ...] = ()  # prompt-length edges: tau also per bucket
+    per_prompt: bool = False  # every prompt alone, the counters read around it
+
+
+def prompt_bucket(edges: Sequence[int]) -> Callable[[EvalPrompt], str] | None:
+    """A prompt's context-length bucket among `edges` (None: no buckets)."""
     if not edges:
         return None
-    return lambda p: bucket_of(len(p.token_ids), edges)
+    return lambda p: bucket_of(len(p.token_ids), list(edges))
 
 
-def measure_vllm(cfg, ep, prompts: list[EvalPrompt], k: int, which: str, key: str) -> dict[str, Any]:
+def measure_vllm(how: PassSettings, ep, prompts: list[EvalPrompt], k: int, which: str, key: str) -> dict[str, Any]:
     """One server's passes: `which` = "spec" (spec-decode counters read per category) or "base" (throughput only).
     `key` is the config key that names the server, for the errors."""
     out: dict[str, Any] = {"server": {k_: v for k_, v in ep.info().items() if k_ != "base_url"}}
@@ -184,11 +198,11 @@ def measure_vllm(cfg, ep, prompts: list[EvalPrompt], k: int, which: str, key: st
         if c.accepted_per_pos and len(c.accepted_per_pos) != k:
             raise ServingError(f"{key}: the server drafts {len(c.accepted_per_pos)} tokens per round, this evaluation "
                                 f"K={k}")
-    for mode in cfg.modes:
-        t = 0.0 if mode == "greedy" else cfg.temperature
-        warmup(ep, prompts, cfg.warmup_requests, min(16, cfg.max_tokens), t, cfg.request_timeout_s)
-        out[mode] = run_pass(ep, prompts, temperature=t, max_tokens=cfg.max_tokens, concurrency=cfg.concurrency,
-                             request_timeout_s=cfg.request_timeout_s, connect_timeout_s=cfg.connect_timeout_s,
-                             counters=which == "spec", label=f"vllm {which} {mode}", progress=cfg.progress,
-                             bucket=prompt_bucket(cfg), per_prompt=cfg.per_prompt)
+    for mode in how.modes:
+        t = 0.0 if mode == "greedy" else how.temperature
+        warmup(ep, prompts, how.warmup_requests, min(16, how.max_tokens), t, how.request_timeout_s)
+        out[mode] = run_pass(ep, prompts, temperature=t, max_tokens=how.max_tokens, concurrency=how.concurrency,
+                             request_timeout_s=how.request_timeout_s, connect_timeout_s=how.connect_timeout_s,
+                             counters=which == "spec", label=f"vllm {which} {mode}", progress=how.progress,
+                             bucket=prompt_bucket(how.context_buckets), per_prompt=how.per_prompt)
     return out

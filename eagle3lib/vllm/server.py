@@ -24,6 +24,7 @@ from typing import Any
 
 import httpx
 
+from eagle3lib.config.verifier import VerifierConfig
 from eagle3lib.core.guard import popen_guarded
 from eagle3lib.vllm.endpoint import Endpoint, ServerError, connect_endpoint
 
@@ -232,7 +233,7 @@ def has_cuda() -> bool:
         return False
 
 
-def server_for_verifier(verifier_cfg, model_path: str, log_path: Path, **overrides: Any) -> VLLMServer:
+def server_for_verifier(verifier_cfg: VerifierConfig, model_path: str, log_path: Path, **overrides: Any) -> VLLMServer:
     """A local server configured from the profile's `verifier` section."""
     kw: dict[str, Any] = dict(
         model=model_path,

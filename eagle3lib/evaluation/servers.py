@@ -1,4 +1,4 @@
-"""The two vLLM servers an evaluation compares: "spec" (the drafter as EAGLE-3 speculator) and "base" (the verifier
+"""The two vLLM servers an evaluation compares (the evaluate section decides which are given and which started): "spec" (the drafter as EAGLE-3 speculator) and "base" (the verifier
 alone), each a running endpoint or a local server started in the background."""
 
 from __future__ import annotations
@@ -8,8 +8,19 @@ import time
 from pathlib import Path
 from typing import Any
 
+from eagle3lib.config.evaluate import EvaluateConfig
+from eagle3lib.config.verifier import VerifierConfig
 from eagle3lib.vllm.endpoint import ServerError, verifier_endpoint
+from eagle3lib.vllm.measure import PassSettings
 from eagle3lib.vllm.server import server_for_verifier, shared_verifier_url
+
+
+def pass_settings(cfg: EvaluateConfig, modes: list[str] | None = None) -> PassSettings:
+    """The evaluate section as the vLLM layer's measurement settings (`modes`: these instead of evaluate.modes)."""
+    return PassSettings(modes=tuple(modes if modes is not None else cfg.modes), temperature=cfg.temperature,
+                        max_tokens=cfg.max_tokens, concurrency=cfg.concurrency, warmup_requests=cfg.warmup_requests,
+                        request_timeout_s=cfg.request_timeout_s, connect_timeout_s=cfg.connect_timeout_s,
+                        progress=cfg.progress, context_buckets=tuple(cfg.context_buckets), per_prompt=cfg.per_prompt)
 
 
 class Servers:
@@ -17,7 +28,7 @@ class Servers:
     alone). A given URL is checked at once (an unreachable server fails before minutes of library work); a local server
     is started in a background thread, so its start-up (a minute or more on CPU) overlaps the library phase."""
 
-    def __init__(self, cfg, vcfg, model_path: str, out_dir: Path):
+    def __init__(self, cfg: EvaluateConfig, vcfg: VerifierConfig, model_path: str, out_dir: Path):
         self.cfg, self.vcfg, self.model_path, self.out_dir = cfg, vcfg, model_path, out_dir
         self.endpoints: dict[str, Any] = {}
         self.local: dict[str, Any] = {}
