@@ -38,7 +38,7 @@ main(parser.parse_args(sys.argv[1:]))
 RUN_STAGE = """
 import json, sys
 from eagle3lib.config.profile import load_profile
-from eagle3lib.stages.generate import generate
+from eagle3lib.generation.engine import generate
 prof = load_profile(sys.argv[1], sections=["generate"])
 res = generate(prof.section("generate"), prof.verifier, sys.argv[2])
 print("RESULT " + json.dumps(res["figures"]))

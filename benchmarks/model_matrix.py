@@ -76,8 +76,8 @@ def vllm_vs_hf(profile: Path, run: Path, data: Path) -> dict:
     from eagle3lib.config.profile import load_profile
     from eagle3lib.data.chat_tokens import Tokenized
     from eagle3lib.data.hidden_store import HiddenStateReader
+    from eagle3lib.extraction.engine import extract
     from eagle3lib.model.hf_extract import HFExtractor
-    from eagle3lib.stages.extract import extract
 
     prof = load_profile(profile, {"extract.source": str(data), "extract.backend": "vllm", "extract.progress": False,
                                   "extract.max_samples": VLLM_SAMPLES, "extract.disk_margin_gib": 0.0})
@@ -191,7 +191,7 @@ def divergences(model: Path, run: Path) -> list[dict]:
 
 def hf_extraction_only(fam, model: Path, run: Path, data: Path) -> dict:
     from eagle3lib.config.profile import load_profile
-    from eagle3lib.stages.extract import extract
+    from eagle3lib.extraction.engine import extract
 
     prof = load_profile("tiny", {"verifier.model": str(model), "extract.end_of_turn": [fam.end_of_turn],
                                  "extract.source": str(data), "extract.progress": False, "extract.max_samples": 16,

@@ -38,7 +38,7 @@ def dataset(path: Path, n: int) -> Path:
 
 def run_mode(mode: str, root: Path, data: Path, epochs: float) -> dict:
     from eagle3lib.config.stages import open_stage
-    from eagle3lib.stages.extract import extract
+    from eagle3lib.extraction.engine import extract
     from eagle3lib.training.loop import train
 
     hidden, backend = {"offline": ("offline", "hf"), "online-hf": ("online", "hf"), "hybrid-hf": ("hybrid", "hf"),

@@ -33,7 +33,7 @@ def serve(model: str, log: Path, cores: str):
 def run_once(urls: list[str], model: str, out: Path, prompts: int, max_tokens: int, concurrency: int) -> dict:
     from eagle3lib.config.generate import GenerateConfig
     from eagle3lib.config.verifier import VerifierConfig
-    from eagle3lib.stages.generate import generate
+    from eagle3lib.generation.engine import generate
 
     cfg = GenerateConfig(max_samples=prompts, max_tokens=max_tokens, concurrency=concurrency, progress=False)
     f = generate(cfg, VerifierConfig(model=model, server_url=urls if len(urls) > 1 else urls[0]), out)["figures"]

@@ -261,7 +261,7 @@ def test_parquet_messages_stored_as_a_json_string_are_read(tmp_path):
 def test_duplicate_ids_name_both_lines(tmp_path):
     from eagle3lib.config.generate import GenerateConfig
     from eagle3lib.data.datasets import DatasetError
-    from eagle3lib.stages.generate import load_prompts
+    from eagle3lib.data.prompt_set import load_prompts
 
     p = write(tmp_path, "".join(json.dumps({"id": "a", "messages": [{"role": "user", "content": c}]}) + "\n"
                                 for c in ("x", "y")), "d.jsonl")
@@ -272,7 +272,7 @@ def test_duplicate_ids_name_both_lines(tmp_path):
 def test_prompts_whose_user_turn_is_empty_are_skipped_and_counted(tmp_path):
     """Empty or null user content was sent, answered and kept as training data (ids x, x-2: the same empty prompt)."""
     from eagle3lib.config.generate import GenerateConfig
-    from eagle3lib.stages.generate import load_prompts
+    from eagle3lib.data.prompt_set import load_prompts
 
     turns = [[{"role": "user", "content": None}], [{"role": "user", "content": "  "}],
              [{"role": "system", "content": "be brief"}, {"role": "user", "content": ""}],
@@ -287,7 +287,7 @@ def test_agentic_records_keep_tool_calls_and_bad_calls_are_named(tmp_path):
     turn, then a bare tool turn); the prompt to answer ended at the last user turn, dropping the tool's result."""
     from eagle3lib.config.generate import GenerateConfig
     from eagle3lib.data.datasets import DatasetError, load_conversations
-    from eagle3lib.stages.generate import load_prompts
+    from eagle3lib.data.prompt_set import load_prompts
 
     src = Path(__file__).parent / "fixtures" / "tools" / "agentic.jsonl"
     got = load_prompts(GenerateConfig(dataset=str(src), shuffle=False))
@@ -318,7 +318,7 @@ def test_empty_dataset_is_an_error_before_any_server(tmp_path):
     from eagle3lib.config.generate import GenerateConfig
     from eagle3lib.config.verifier import VerifierConfig
     from eagle3lib.data.datasets import DatasetError
-    from eagle3lib.stages.generate import generate
+    from eagle3lib.generation.engine import generate
 
     p = write(tmp_path, "", "empty.jsonl")
     with pytest.raises(DatasetError, match=rf"generate.dataset {p}: no prompt to answer .*allow_empty"):
@@ -347,7 +347,8 @@ def test_a_deleted_settings_key_does_not_let_other_settings_extend_the_records(t
     from eagle3lib.config.generate import GenerateConfig
     from eagle3lib.config.verifier import VerifierConfig
     from eagle3lib.core.manifest import StageTimer
-    from eagle3lib.stages.generate import KEY_FILE, GenerateError, check_run_key, run_key
+    from eagle3lib.generation.records import GenerateError
+    from eagle3lib.generation.run_key import KEY_FILE, check_run_key, run_key
 
     gen, v = tmp_path / "generate", VerifierConfig(model="builtin:tiny")
     old = GenerateConfig(dataset="builtin:tiny-train", temperature=0.0, max_tokens=512)

@@ -16,8 +16,8 @@ from eagle3lib.config.verifier import VerifierConfig
 from eagle3lib.core.manifest import read_manifest
 from eagle3lib.data.chat_tokens import ChatTokenizer, TokenizeStats
 from eagle3lib.data.hidden_store import HiddenStateReader
+from eagle3lib.extraction.engine import ExtractError, InsufficientDiskError, extract
 from eagle3lib.model.hf_extract import HFExtractor
-from eagle3lib.stages.extract import ExtractError, InsufficientDiskError, extract
 from eagle3lib.tiny import corpus
 
 FIGURES = ["verifier", "aux_layer_ids", "num_layers", "hidden_size", "vocab_size", "dtype", "samples", "tokens",

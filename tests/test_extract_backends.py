@@ -17,8 +17,8 @@ from eagle3lib.config.verifier import VerifierConfig
 from eagle3lib.data.chat_tokens import ChatTokenizer, TokenizeStats
 from eagle3lib.data.datasets import Conversation
 from eagle3lib.data.hidden_store import HiddenStateReader
+from eagle3lib.extraction.engine import extract
 from eagle3lib.model.hf_extract import HFExtractor
-from eagle3lib.stages.extract import extract
 from eagle3lib.tiny import corpus
 
 pytestmark = pytest.mark.slow

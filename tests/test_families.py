@@ -14,8 +14,8 @@ import yaml
 
 from eagle3lib.config.profile import load_profile
 from eagle3lib.data.hidden_store import HiddenStateReader
+from eagle3lib.extraction.engine import extract
 from eagle3lib.pipeline.profile_init import InitError, write_profile
-from eagle3lib.stages.extract import extract
 from eagle3lib.tiny import corpus
 from eagle3lib.tiny.families import FAMILIES, build_family
 

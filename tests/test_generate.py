@@ -25,8 +25,10 @@ from eagle3lib.config.generate import GenerateConfig
 from eagle3lib.config.verifier import VerifierConfig
 from eagle3lib.core.manifest import read_manifest
 from eagle3lib.data.datasets import DatasetError, load_conversations
+from eagle3lib.data.prompt_set import load_prompts
 from eagle3lib.data.records import ShardsLocked, ShardWriter, iter_generated, iter_records, list_shards
-from eagle3lib.stages.generate import GenerateError, generate, load_prompts
+from eagle3lib.generation.engine import generate
+from eagle3lib.generation.records import GenerateError
 from eagle3lib.vllm.endpoint import ServerError
 from eagle3lib.vllm.server import VLLMServer, free_port
 

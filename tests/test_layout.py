@@ -19,7 +19,7 @@ LAYERS = {
     "config": 1,
     "data": 2, "kernels": 2, "tiny": 2,
     "model": 3, "vllm": 3, "trackers": 3,
-    "training": 4, "evaluation": 4, "analysis": 4,
+    "generation": 4, "extraction": 4, "training": 4, "evaluation": 4, "analysis": 4,
     "reports": 5,
     "stages": 6,
     "pipeline": 7,

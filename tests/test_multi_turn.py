@@ -43,7 +43,7 @@ def test_turns_are_the_user_runs_and_each_prompt_follows_the_verifiers_answers()
 
 @pytest.mark.slow
 def test_every_turn_from_the_verifiers_own_answers_and_a_cut_run_asks_only_the_rest(vllm_server, tmp_path):
-    from eagle3lib.stages.generate import generate
+    from eagle3lib.generation.engine import generate
 
     data = tmp_path / "two-turns.jsonl"
     questions = [("What is 3 + 4?", "Is 12 even or odd?"), ("Tell me the capital city of France.", "What color is banana?"),
@@ -87,7 +87,7 @@ def test_every_turn_from_the_verifiers_own_answers_and_a_cut_run_asks_only_the_r
 
     from eagle3lib.config.extract import ExtractConfig
     from eagle3lib.data.hidden_store import HiddenStateReader
-    from eagle3lib.stages.extract import extract
+    from eagle3lib.extraction.engine import extract
 
     ecfg = ExtractConfig(source="generate", backend="hf", progress=False, disk_margin_gib=0.0)
     extract(ecfg, VerifierConfig(model=str(vllm_server.model), dtype="float32"), tmp_path / "ext", gen_dir=out)

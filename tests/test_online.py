@@ -20,7 +20,7 @@ import torch
 from eagle3lib.config.extract import ExtractConfig
 from eagle3lib.config.stages import open_stage
 from eagle3lib.config.verifier import VerifierConfig
-from eagle3lib.stages.extract import extract
+from eagle3lib.extraction.engine import extract
 from eagle3lib.tiny import corpus
 from eagle3lib.training.launch import launch, launch_command, launch_env
 from eagle3lib.training.loop import train

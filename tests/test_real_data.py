@@ -104,7 +104,7 @@ def test_turns_first_and_prompts_too_long_for_the_context(tmp_path):
 def test_prompt_fits_renders_as_the_server_does(tiny_verifier):
     from eagle3lib.config.verifier import VerifierConfig
     from eagle3lib.data.datasets import Conversation
-    from eagle3lib.stages.generate import prompt_fits
+    from eagle3lib.generation.engine import prompt_fits
 
     fits = prompt_fits(GenerateConfig(max_tokens=1000), VerifierConfig(model="builtin:tiny", max_model_len=1100))
     short = Conversation("s", [{"role": "user", "content": "Hi"}])

@@ -16,7 +16,7 @@ from eagle3lib.config.verifier import VerifierConfig
 from eagle3lib.data.chat_tokens import ChatTokenizer, TokenizeStats
 from eagle3lib.data.datasets import Conversation
 from eagle3lib.data.hidden_store import HiddenStateReader
-from eagle3lib.stages.extract import ExtractError, check_final_state, extract
+from eagle3lib.extraction.engine import ExtractError, check_final_state, extract
 from eagle3lib.tiny import corpus
 from eagle3lib.tiny.build import shipped_dir, shipped_key, tiny_kimi_k25_path
 from eagle3lib.tiny.kimi import TinyKimiRecipe

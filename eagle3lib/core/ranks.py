@@ -1,7 +1,7 @@
 """Which process this is among torchrun's: rank, world size, barriers, and joining the process group.
 
 One process (no WORLD_SIZE) runs the same code with every helper a no-op. Under torchrun the group is gloo on CPU and
-nccl on GPUs. Shared by training (eagle3lib/training/distributed.py) and multi-process extraction (stages/extract.py).
+nccl on GPUs. Shared by training (eagle3lib/training/distributed.py) and multi-process extraction (extraction/engine.py).
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ Turn k's prompt is segment 1, the verifier's answer 1, ..., segment k. The datas
 own answers). Conversations whose turns involve tools keep `last`: a tool result answers one particular call of the
 dataset's assistant, which a regenerated turn need not make.
 
-Records (eagle3lib/stages/generate.py): one id per conversation. An answered turn that is not the last is written
+Records (eagle3lib/generation/records.py): one id per conversation. An answered turn that is not the last is written
 with status "partial" and its `turn` / `turns`; the next turn's prompt is that record's messages plus the next segment,
 so a killed run continues from the latest record, asking every turn once. The last turn's record holds the whole
 regenerated conversation with the usual status. A turn cut off (truncated) or empty after earlier answered turns

@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from eagle3lib.analysis.deployment import k_sweep_model
 from eagle3lib.config.evaluate import EvaluateConfig
 from eagle3lib.config.stages import StageContext
 from eagle3lib.config.verifier import VerifierConfig
@@ -283,8 +283,9 @@ def other_drafters(ev: Evaluation) -> None:
     ev.results["drafters"][0]["served_as"] = served_as(ev.ckpt)
 
 
-def sweeps(ev: Evaluation) -> None:
-    """The concurrency grid (K x concurrency) and the K sweep; the sweep reuses the grid's rows when it has them."""
+def sweeps(ev: Evaluation, k_model: Any) -> None:
+    """The concurrency grid (K x concurrency) and the K sweep; the sweep reuses the grid's rows when it has them.
+    `k_model`: the deployment model's prediction per K beside the measurement (analysis.deployment.k_sweep_model)."""
     cfg, results, v = ev.cfg, ev.results, ev.results["vllm"]
     measured = None
     if cfg.concurrency_sweep:
@@ -303,12 +304,13 @@ def sweeps(ev: Evaluation) -> None:
         if measured is not None:
             main, base_tps = None, measured.pop(0)["tokens_per_s"]
         results["k_sweep"] = k_sweep(cfg, ev.vcfg, ev.model_path, ev.ckpt, ev.prompts, ev.out_dir, ev.vkey, base_tps,
-                                     k_sweep_model(ev.ctx.profile, ev.ckpt, cfg.concurrency), main, measured)
+                                     k_model, main, measured)
         results["phases"]["k_sweep"] = {"seconds": round(time.time() - t0, 1)}
 
 
-def finish(ev: Evaluation, timer: StageTimer) -> dict[str, Any]:
-    """Figures, results.json, comparison.png, the training run's trackers, the manifest."""
+def finish(ev: Evaluation, timer: StageTimer, plot: Callable[[dict[str, Any]], Any]) -> dict[str, Any]:
+    """Figures, results.json, comparison.png (`plot`: results -> a matplotlib figure), the training run's trackers, the
+    manifest."""
     results, notes, out_dir = ev.results, ev.notes, ev.out_dir
     results["table"] = comparison_rows(results)
     figures = {**build_figures(results), **grid_figures(results.get("concurrency_grid"))}
@@ -318,9 +320,7 @@ def finish(ev: Evaluation, timer: StageTimer) -> dict[str, Any]:
     write_json_atomic(out_dir / "results.json", without_outputs(results))
     outputs = {"results": "results.json", "checkpoint": str(ev.ckpt)}
     try:
-        from eagle3lib.reports.evaluate import plot_comparison
-
-        fig = plot_comparison(results)
+        fig = plot(results)
         fig.savefig(out_dir / "comparison.png", dpi=110, bbox_inches="tight")
         import matplotlib.pyplot as plt
 

@@ -19,9 +19,11 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from eagle3lib.analysis.deployment import k_sweep_model
 from eagle3lib.config.stages import StageContext
 from eagle3lib.core.manifest import StageTimer, now_iso, update_manifest
 from eagle3lib.evaluation import stage_run as phase
+from eagle3lib.reports.evaluate import plot_comparison
 
 
 def run(ctx: StageContext) -> dict[str, Any]:
@@ -39,10 +41,11 @@ def run(ctx: StageContext) -> dict[str, Any]:
                 phase.served(ev)
                 phase.same_dist(ev)
                 phase.other_drafters(ev)
-                phase.sweeps(ev)
+                k_model = k_sweep_model(ctx.profile, ev.ckpt, ev.cfg.concurrency) if ev.cfg.ttt_steps_sweep else None
+                phase.sweeps(ev, k_model)
         finally:
             ev.servers.close_all()
-        return phase.finish(ev, timer)
+        return phase.finish(ev, timer, plot_comparison)
     except BaseException as e:
         update_manifest(ctx.dir, status="failed", error=f"{type(e).__name__}: {e}", finished_at=now_iso())
         raise
