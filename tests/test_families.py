@@ -5,7 +5,7 @@ end-of-turn marker, reasoning parser and vLLM's default feature layers), then th
 the hooks find the decoder layers, the final-state check passes (the stored final states reproduce the verifier's
 logits through the head the trainer uses) and the loss mask covers exactly the assistant's answers. A family vLLM
 cannot draft for is refused by init, naming why, and still extracts with HF. The vLLM side (vLLM extraction equal to
-HF, training, speculative decoding greedy-identical): benchmarks/model_matrix.py, which writes the README's matrix."""
+HF, training, speculative decoding greedy-identical): benchmarks/experiments/model_matrix.py, which writes the README's matrix."""
 
 from __future__ import annotations
 

@@ -86,7 +86,7 @@ def test_every_import_names_a_module_that_exists():
     unresolved: list[str] = []
     for name, path in MODULES.items():
         _imports(name, path, unresolved)
-    for path in [*sorted((ROOT / "tests").glob("*.py")), *sorted((ROOT / "benchmarks").glob("*.py"))]:
+    for path in [*sorted((ROOT / "tests").glob("*.py")), *sorted((ROOT / "benchmarks").rglob("*.py"))]:
         _imports("x", path, unresolved)
     for path in sorted((ROOT / "notebooks").glob("*.ipynb")):
         cells = json.loads(path.read_text())["cells"]

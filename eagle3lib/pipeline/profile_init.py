@@ -154,7 +154,7 @@ def profile_text(facts: ModelFacts, gpu_gib: float = GPU_GIB) -> str:
     head_dim = int(t.get("head_dim") or (hidden // heads if heads else 0))
     tiny = facts.weight_bytes and facts.weight_bytes < 2**30
     # gated-DeltaNet linear attention (Qwen3-Next, Qwen3.5): vLLM 0.32's CPU kernel asserts bf16 ("CPU GDN attention
-    # requires BF16"; found by benchmarks/model_matrix.py), so even a tiny one is served in bf16 on CPU
+    # requires BF16"; found by benchmarks/experiments/model_matrix.py), so even a tiny one is served in bf16 on CPU
     linear = "linear_attention" in (t.get("layer_types") or []) or "linear_num_value_heads" in t
     if tiny and not linear:
         dtype = "float32  # small enough for fp32 (CPU hosts have no fast bf16)"

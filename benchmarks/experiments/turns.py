@@ -1,7 +1,7 @@
 """`generate.turns: last` vs `all` on the same multi-turn prompts: two drafters of the tiny verifier, each trained on
 its own data, measured side by side through vLLM on the same held-out first and second turns.
 
-  .venv/bin/python benchmarks/turns.py                      # into runs/turns/ (~25 min on 2 cores; resumable)
+  .venv/bin/python benchmarks/experiments/turns.py                      # into runs/turns/ (~25 min on 2 cores; resumable)
 
 Data: two-turn conversations of the tiny corpus as chat logs have them (the earlier answer's content only, no
 reasoning): `last` answers the second question after that logged answer, `all` answers both questions, the second

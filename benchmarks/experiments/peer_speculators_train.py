@@ -1,8 +1,8 @@
-"""speculators 0.9.0's own EAGLE-3 training on CPU, for benchmarks/peer_speculators.py. Runs in speculators' virtual
+"""speculators 0.9.0's own EAGLE-3 training on CPU, for benchmarks/experiments/peer_speculators.py. Runs in speculators' virtual
 environment (not eagle3lib's):
 
-    .venv-speculators/bin/python benchmarks/peer_speculators_train.py prepare DATA
-    .venv-speculators/bin/python benchmarks/peer_speculators_train.py train --time-budget 900 --threads 2 -- \\
+    .venv-speculators/bin/python benchmarks/experiments/peer_speculators_train.py prepare DATA
+    .venv-speculators/bin/python benchmarks/experiments/peer_speculators_train.py train --time-budget 900 --threads 2 -- \\
         --verifier-name-or-path V --data-path DATA --save-path OUT ...   (any `speculators train` flag)
 
 `prepare` turns DATA/rows.jsonl (input_ids, loss_mask per sample, written by peer_speculators.py beside

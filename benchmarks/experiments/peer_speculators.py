@@ -4,7 +4,7 @@ the same cores, then vLLM serving each drafter on the same held-out prompts, K =
 alone so that tau has an interval over prompts. Two training seeds per library.
 
     make peer-setup      # .venv-speculators: torch 2.13.0 + speculators 0.9.0 in a virtual environment of its own
-    .venv/bin/python benchmarks/peer_speculators.py --profile params/smollm2.yaml --run-dir runs/smollm2 \\
+    .venv/bin/python benchmarks/experiments/peer_speculators.py --profile params/smollm2.yaml --run-dir runs/smollm2 \\
         [--steps 400] [--seeds 0 1] [--n-prompts 64]          # into RUN_DIR/peer/
 
 Protocol, per seed s:
@@ -40,9 +40,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 PEER_PY = REPO / ".venv-speculators" / "bin" / "python"
-PEER_SCRIPT = REPO / "benchmarks" / "peer_speculators_train.py"
+PEER_SCRIPT = REPO / "benchmarks" / "experiments" / "peer_speculators_train.py"
 CALIBRATION_S = 60.0
 
 
