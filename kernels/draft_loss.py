@@ -256,13 +256,15 @@ class DraftKL(torch.autograd.Function):
     def forward(ctx, h, W, t, w, kl=True):
         z = (h @ W.t()).float()
         lse = torch.logsumexp(z, dim=-1)
-        log_p = torch.log_softmax(t.float(), dim=-1)
-        p = log_p.exp()
-        pz = (p * z).sum(-1)
+        t = t.float()
+        lse_t = torch.logsumexp(t, dim=-1)
+        p = (t - lse_t[:, None]).exp_()
+        # sum_v p log p = sum_v p (t - lse_t) = sum_v p t - lse_t, so KL = sum_v p (t - z) - lse_t + lse: two passes
+        # over [N, V] fewer than forming log p, and finite where p underflows (t is finite)
         if kl:
-            rows = (torch.where(p > 0, p * log_p, torch.zeros_like(p)).sum(-1) - pz + lse) * w
+            rows = ((p * (t - z)).sum(-1) - lse_t + lse) * w
         else:
-            rows = (lse - pz) * w
+            rows = (lse - (p * z).sum(-1)) * w
         argmax = z.argmax(-1)
         ctx.save_for_backward(h, W, z, p, lse, w)
         ctx.mark_non_differentiable(argmax)

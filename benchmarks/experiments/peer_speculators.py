@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -44,6 +45,7 @@ REPO = Path(__file__).resolve().parents[2]
 PEER_PY = REPO / ".venv-speculators" / "bin" / "python"
 PEER_SCRIPT = REPO / "benchmarks" / "experiments" / "peer_speculators_train.py"
 CALIBRATION_S = 60.0
+BUDGET_TOLERANCE = 0.05  # a speculators run trained within 5% of this comparison's seconds is reused
 
 
 def say(msg: str) -> None:
@@ -129,7 +131,11 @@ def train_peer(ctx, data: Path, out: Path, seed: int, budget_s: float, total_ste
     from eagle3lib.model.verifier import aux_layer_ids, load_config, resolve_model
 
     if (summary := load_json(out / "summary.json")) is not None:
-        return {**summary, "reused": True}
+        kept = summary.get("budget_s", summary["train_seconds"])  # older summaries: it stopped at its budget
+        if abs(kept - budget_s) <= BUDGET_TOLERANCE * budget_s:
+            return {**summary, "reused": True}
+        say(f"{out.name}: trained for {kept:.0f} s, this comparison needs {budget_s:.0f} s: trained again")
+        shutil.rmtree(out)
     tcfg, vcfg = ctx.profile.section("train"), ctx.verifier
     model_path = resolve_model(vcfg.model)
     layers = int(load_config(model_path).num_hidden_layers)
@@ -146,7 +152,9 @@ def train_peer(ctx, data: Path, out: Path, seed: int, budget_s: float, total_ste
     out.mkdir(parents=True, exist_ok=True)
     peer(["train", "--time-budget", f"{budget_s:.1f}", "--threads", str(os.cpu_count() or 2), "--", *flags],
          out / "train.log")
-    return {**json.loads((out / "summary.json").read_text()), "reused": False}
+    summary = {**json.loads((out / "summary.json").read_text()), "budget_s": round(budget_s, 1)}
+    (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    return {**summary, "reused": False}
 
 
 # ------------------------------------------------------------------------------------------------ serving
@@ -263,7 +271,10 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=None, help="eagle3lib's optimizer steps (default: the profile's)")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     ap.add_argument("--n-prompts", type=int, default=None, help="held-out prompts (default: evaluate.n_prompts)")
-    ap.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="profile overrides")
+    ap.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                    help="profile overrides (train.* changes eagle3lib's recipe only)")
+    ap.add_argument("--tag", default="", help="name eagle3lib's folders and the results file with this (another recipe "
+                    "beside the profile's own)")
     a = ap.parse_args()
     if not PEER_PY.exists():
         raise SystemExit(f"{PEER_PY} is missing: run `make peer-setup` first")
@@ -273,9 +284,11 @@ def main() -> int:
     from eagle3lib.data.hidden_store import HiddenStateReader
     from eagle3lib.data.packing import split_samples
     from eagle3lib.evaluation.inputs import eos_ids, select_prompts
+    from eagle3lib.evaluation.phases import fingerprint
     from eagle3lib.model.verifier import load_tokenizer, resolve_model
 
     over = parse_set(a.set)
+    tag = f"-{a.tag}" if a.tag else ""
     if a.n_prompts:
         over["evaluate.n_prompts"] = a.n_prompts
     ctx = open_stage("train", a.profile, a.run_dir, over, say=lambda _m: None)
@@ -293,15 +306,15 @@ def main() -> int:
     served: dict[str, dict[int, dict[str, Any]]] = {"eagle3lib": {}, "speculators": {}}
     rate = None  # speculators' steps per second (the calibration run)
     for seed in a.seeds:
-        ours = train_ours(ctx, out / f"eagle3lib-s{seed}", seed, a.steps)
+        ours = train_ours(ctx, out / f"eagle3lib{tag}-s{seed}", seed, a.steps)
         trained["eagle3lib"][seed] = ours
         say(f"eagle3lib seed {seed}: {ours['steps']} steps in {ours['train_seconds']:.0f} s, "
             f"{ours['tokens_per_s']:.0f} tokens/s")
         n_all = len(reader) if tcfg.max_samples is None else min(len(reader), tcfg.max_samples)
         split = split_samples(n_all, tcfg.val_fraction, tcfg.val_max_samples, seed, reader.ids[:n_all])
         data = out / f"speculators-data-s{seed}"
-        info = seed_data(reader, split, out / "speculators-states", out / f"eagle3lib-s{seed}" / "draft_vocab.safetensors",
-                         data)
+        info = seed_data(reader, split, out / "speculators-states", out / f"eagle3lib{tag}-s{seed}" /
+                         "draft_vocab.safetensors", data)
         if rate is None:
             cal = out / "speculators-calibration"
             if (c := load_json(cal / "summary.json")) is None:
@@ -318,15 +331,16 @@ def main() -> int:
     for seed in a.seeds:  # serving after all training: no server runs while a library trains
         for lib, ckpt in (("eagle3lib", trained["eagle3lib"][seed]["checkpoint"]),
                           ("speculators", trained["speculators"][seed]["checkpoint"])):
-            key = {"ckpt": ckpt, "prompts": [[p.id, p.token_ids] for p in prompts], "ttt_steps": tcfg.ttt_steps,
+            key = {"ckpt": fingerprint(Path(ckpt)), "prompts": [[p.id, p.token_ids] for p in prompts], "ttt_steps": tcfg.ttt_steps,
                    "max_tokens": ecfg.max_tokens, "temperature": ecfg.temperature, "verifier": vcfg.model}
             say(f"vLLM serving {lib} seed {seed}: {len(prompts)} prompts, greedy and sampled")
-            served[lib][seed] = serve(ctx, ckpt, prompts, out / f"served-{lib}-s{seed}", key)
+            name = f"served-{lib}{tag if lib == 'eagle3lib' else ''}-s{seed}"
+            served[lib][seed] = serve(ctx, ckpt, prompts, out / name, key)
     s = summarize(served, trained, stop_ids)
-    s["protocol"] = {"profile": a.profile, "run_dir": str(Path(a.run_dir)), "seeds": a.seeds, "prompts": len(prompts),
+    s["protocol"] = {"profile": a.profile, "overrides": a.set, "tag": a.tag, "run_dir": str(Path(a.run_dir)), "seeds": a.seeds, "prompts": len(prompts),
                      "max_tokens": ecfg.max_tokens, "temperature": ecfg.temperature, "ttt_steps": tcfg.ttt_steps,
                      "trained": trained}
-    (out / "results.json").write_text(json.dumps(s, indent=1) + "\n")
+    (out / f"results{tag}.json").write_text(json.dumps(s, indent=1) + "\n")
     print_table(s)
     return 0
 
