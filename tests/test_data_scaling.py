@@ -125,3 +125,13 @@ def test_patience_stops_an_overfitting_run_and_a_rerun_stays_stopped(tiny_verifi
 
 def json_lines(path):
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def test_a_train_setting_added_later_reads_as_its_default_in_older_manifests():
+    """A finished variant run (a data-scaling point, a recipe) stays reused when the train section gains a setting: the
+    old manifest lacks the key and trained with what its default does; a run that sets it otherwise is another recipe."""
+    from eagle3lib.training.variants import recipe_of
+
+    old = {"train": {"lr": 1e-3, "batch_rows": 2}}  # written before train.target_logits existed
+    assert recipe_of(old) == recipe_of({"train": {"lr": 1e-3, "batch_rows": 2, "target_logits": "full"}})
+    assert recipe_of(old) != recipe_of({"train": {"lr": 1e-3, "batch_rows": 2, "target_logits": "draft"}})

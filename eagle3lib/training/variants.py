@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from eagle3lib.config.stages import open_stage
+from eagle3lib.config.train import TrainConfig
 from eagle3lib.core.manifest import read_manifest
 from eagle3lib.training.launch import launch
 
@@ -24,8 +25,10 @@ QUIET = {"train.report_to": [], "train.export_layouts": []}
 
 
 def recipe_of(params: dict[str, Any] | None, ignore: frozenset[str] = frozenset()) -> dict[str, Any]:
-    """The train settings of a manifest's params that decide the drafter."""
-    return {k: v for k, v in ((params or {}).get("train") or {}).items() if k not in BOOKKEEPING | ignore}
+    """The train settings of a manifest's params that decide the drafter. A setting the manifest lacks (added to the
+    train section after that run) reads as its default: the run trained with what the default does."""
+    train = {**TrainConfig().model_dump(mode="json"), **((params or {}).get("train") or {})}
+    return {k: v for k, v in train.items() if k not in BOOKKEEPING | ignore}
 
 
 def finished_with(train_dir: Path, params: dict[str, Any], ignore: frozenset[str] = frozenset()) -> dict[str, Any] | None:
