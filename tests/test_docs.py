@@ -88,6 +88,12 @@ def test_the_site_opens_from_the_file_system_and_navigates_to_the_reference(brow
     page.get_by_role("link", name="Parameters").first.click()
     page.wait_for_url(re.compile(r"reference/parameters\.html"))
     assert page.locator("td code", has_text="packed_row_tokens").count() >= 1
+    # a reader sees key, type, default and why at once on a 1280-px screen, and a union type as `str | None`
+    page.set_viewport_size({"width": 1280, "height": 900})
+    box = page.locator("th", has_text="why").first.bounding_box()
+    assert box is not None and box["x"] + box["width"] <= 1280, box
+    assert page.locator("td code", has_text="str | None").count() >= 1
+    assert "\\|" not in page.locator("article").inner_text()
     _screenshot(page, "docs_parameters.png", _shots(tmp_path))
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), partial(http.server.SimpleHTTPRequestHandler,
                                                                         directory=str(site)))

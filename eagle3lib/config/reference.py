@@ -132,6 +132,13 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ").replace("<", "&lt;").replace(">", "&gt;")
 
 
+def _code(text: str) -> str:
+    """Inline code inside a table cell: HTML, so that a union's pipe (`str | None`) shows as a pipe (an escaped pipe in
+    a Markdown code span keeps its backslash), and `<think>` as text."""
+    text = text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace("|", "&#124;")
+    return f"<code>{text.replace(chr(10), ' ')}</code>"
+
+
 def markdown(profile_values: dict[str, dict[str, dict[str, Any]]] | None = None) -> str:
     """The reference as Markdown: one table per section (and per nested model), a column per shipped profile with
     the value it sets where it differs from the default."""
@@ -156,13 +163,17 @@ def section_markdown(section: str, profile_values: dict[str, dict[str, dict[str,
 
 
 def _table(params: list[Param], section: str | None, names: list[str], values: dict) -> list[str]:
-    head = ["key", "type", "default", "range", *[f"`{n}`" for n in names], "why"]
+    """key, type (and range), default and why side by side, readable at 1280 px; the shipped profiles that set a key
+    come last, in one cell ("tiny: 8; kimi-k2.5: 64"), instead of a column each."""
+    head = ["key", "type", "default", "why", *(["set by the shipped profiles"] if names else [])]
     rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for p in params:
         shipped = []
         for n in names:
             v = values[n].get(section or "", {}).get(p.key, ...)
-            shipped.append("" if v is ... else f"`{_cell(_yaml(v))}`")
-        cells = [f"`{p.key}`", f"`{_cell(p.type)}`", f"`{_cell(p.default)}`", p.range, *shipped, _cell(p.why)]
+            if v is not ...:
+                shipped.append(f"{n}: {_code(_yaml(v))}")
+        kind = _code(p.type) + (f" ({_cell(p.range)})" if p.range else "")
+        cells = [f"`{p.key}`", kind, _code(p.default), _cell(p.why), *(["; ".join(shipped)] if names else [])]
         rows.append("| " + " | ".join(cells) + " |")
     return [*rows, ""]
