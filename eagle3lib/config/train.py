@@ -38,8 +38,7 @@ class TrainConfig(TorchrunConfig):
     # mask token and a learned mask_hidden); written as speculators_model_type "peagle", served with parallel_drafting
 
     freeze_lm_head: bool = False  # keep lm_head at the verifier's rows of the draft vocabulary (no gradient): the
-    # largest matrix's weight gradient is skipped (~1.3x tokens/s on SmolLM2), and the drafter learns to speak the
-    # verifier's own head (docs/howto/real-model.md has the measurement)
+    # largest matrix's weight gradient is skipped, but the drafter learns slower per step (docs/howto/real-model.md)
 
     # --- training-time test and loss
     ttt_steps: int = Field(3, ge=1)  # K drafted tokens trained per position; vLLM's num_speculative_tokens for the checkpoint
@@ -51,9 +50,9 @@ class TrainConfig(TorchrunConfig):
     # drafter's normed output state and the verifier's normed final state (hidden-state distillation); 0 = off
     target_logits: Literal["full", "draft"] = "full"  # the verifier's logits a training step computes: "full" its
     # whole vocabulary (its argmax decides out_of_vocab); "draft" only the draft vocabulary's rows (speculators'
-    # convention): ~1/9 of a SmolLM2 step saved (49,152 vs 16,384 rows), ~1/4 of the lm_head work at Kimi's 163,840 vs
-    # 32,000; a position whose argmax lies outside then trains on its in-vocabulary rest. Validation always uses the
-    # full vocabulary, so its estimate and the reported out-of-vocabulary share stay exact
+    # convention): a verifier vocabulary V over a draft vocabulary D saves (V - D) / V of that matmul (Kimi's 163,840
+    # over 32,000: 80%); a position whose argmax lies outside trains on its in-vocabulary rest. Validation always
+    # uses the full vocabulary, so its estimate and the reported out-of-vocabulary share stay exact
     out_of_vocab: Literal["mask", "keep"] = "mask"  # positions whose verifier argmax is outside the draft vocab:
     # "mask" drops them from the loss (the drafter can never propose that token); "keep" trains on the renormalised rest
 
