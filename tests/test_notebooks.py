@@ -1,5 +1,6 @@
 # Run: .venv/bin/python -m pytest tests/test_notebooks.py -q
-"""Committed notebooks carry no outputs, a kernelspec, and the three standard parameters; each maps to a stage."""
+"""Committed notebooks carry no outputs, a kernelspec, and the three standard parameters; each maps to a stage and stays
+thin (CONTRIBUTING.md's rules for a notebook)."""
 
 from __future__ import annotations
 
@@ -49,3 +50,14 @@ def test_notebook_is_a_stage(path):
     assert stage.section in SECTIONS
     src = "\n".join(c.source for c in nbformat.read(path, as_version=4).cells)
     assert f'open_stage("{stage.name}"' in src, f"{path.name} must open its stage with open_stage({stage.name!r}, ...)"
+
+
+MAX_CODE_CELLS = 12  # CONTRIBUTING.md: a notebook is a parameters cell, open_stage, one run call and a few reports
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_notebook_stays_thin(path):
+    cells = [c for c in nbformat.read(path, as_version=4).cells if c.cell_type == "code"]
+    assert len(cells) <= MAX_CODE_CELLS, f"{path.name}: {len(cells)} code cells; move work into eagle3lib/reports/"
+    src = "\n".join(c.source for c in cells)
+    assert "def " not in src and "class " not in src, f"{path.name}: defines functions; they belong in the library"
