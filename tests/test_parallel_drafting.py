@@ -115,6 +115,16 @@ def test_checkpoint_is_what_vllm_reads_as_peagle(tmp_path):
         save_drafter({k: v for k, v in d.state_dict().items() if k != "mask_hidden"}, d.config, tmp_path / "no-mask")
 
 
+def test_a_config_without_norm_before_residual_reads_as_vllm_reads_it(tmp_path):
+    """A checkpoint written elsewhere may leave the key out: vLLM then takes true for eagle3 and false for peagle
+    (update_eagle3 / update_peagle in vllm/transformers_utils/configs/speculators/algos.py); so does eagle3lib."""
+    for kind, parallel, expected in (("peagle", PARALLEL, False), ("eagle3", {}, True)):
+        d = make_drafter(**parallel)
+        cfg = json.loads((save_drafter(d.state_dict(), d.config, tmp_path / kind) / "config.json").read_text())
+        cfg.pop("norm_before_residual")
+        assert config_from_speculators(cfg).norm_before_residual is expected, kind
+
+
 def test_parallel_drafting_refuses_what_vllm_would_not_serve():
     from pydantic import ValidationError
 

@@ -120,7 +120,9 @@ def config_from_speculators(d: dict[str, Any]) -> DrafterConfig:
         t,
         draft_vocab_size=int(d.get("draft_vocab_size") or t["vocab_size"]),
         aux_layer_ids=list(d.get("eagle_aux_hidden_state_layer_ids") or []),
-        norm_before_residual=bool(d.get("norm_before_residual", True)),  # vLLM's default when the key is absent
+        # vLLM's default when the key is absent: true for eagle3, false for peagle
+        # (vllm/transformers_utils/configs/speculators/algos.py, update_eagle3 / update_peagle)
+        norm_before_residual=bool(d.get("norm_before_residual", d.get("speculators_model_type") != "peagle")),
         norm_output=bool(d.get("norm_output", False)),
         norm_before_fc=bool(d.get("norm_before_fc", False)),
         fc_norm=bool(d.get("fc_norm", False)),
