@@ -307,3 +307,22 @@ def test_frozen_lm_head_keeps_the_verifier_rows_and_refuses_an_unfrozen_resume(t
     assert start["freeze_lm_head"] is True
     with pytest.raises(CheckpointError, match=r"train.freeze_lm_head: checkpoint True, now False"):
         train(open_stage("train", "tiny", run, {**over, "train.freeze_lm_head": False, "train.max_steps": 6}))
+
+
+def test_ddp_keeps_one_gradient_copy(tmp_path, monkeypatch):
+    """DDP's gradients are views into its all-reduce buckets (gradient_as_bucket_view), not a second fp32 copy of every
+    parameter the memory model does not count. A one-process gloo group stands in for the ranks: `wrap` is asked as
+    if there were two."""
+    import torch.distributed as torch_dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    from eagle3lib.training import distributed as dist
+
+    torch_dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rendezvous'}", rank=0, world_size=1)
+    try:
+        monkeypatch.setattr(dist, "world", lambda: 2)
+        layer = torch.nn.Linear(4, 4)
+        wrapped = dist.wrap(torch.nn.Sequential(layer), torch.nn.ModuleList([layer]), "ddp", torch.device("cpu"))
+        assert isinstance(wrapped, DistributedDataParallel) and wrapped.gradient_as_bucket_view
+    finally:
+        torch_dist.destroy_process_group()

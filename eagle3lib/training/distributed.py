@@ -31,7 +31,10 @@ def wrap(module: torch.nn.Module, layers: torch.nn.ModuleList, strategy: str, de
     if strategy == "ddp":
         from torch.nn.parallel import DistributedDataParallel as DDP
 
-        return DDP(module, device_ids=[device.index] if device.type == "cuda" else None, broadcast_buffers=False)
+        # gradient_as_bucket_view: the gradients are views into DDP's all-reduce buckets instead of a second fp32 copy
+        # of every parameter (the memory model counts one copy: eagle3lib/training/memory_model.py)
+        return DDP(module, device_ids=[device.index] if device.type == "cuda" else None, broadcast_buffers=False,
+                   gradient_as_bucket_view=True)
     from torch.distributed.fsdp import fully_shard
 
     for layer in layers:
