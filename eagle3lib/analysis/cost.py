@@ -24,6 +24,7 @@ import numpy as np
 import polars as pl
 
 from eagle3lib.analysis.hardware import HardwareRow, get_row, load_hardware, resolve_path
+from eagle3lib.config.analysis import CostProjectionConfig
 from eagle3lib.core.manifest import read_manifest
 
 STAGE_ORDER = ("generate", "extract", "train")
@@ -80,7 +81,7 @@ class _Manifests:
         return float(v)
 
 
-def measurements(cfg, run_dir: Path, reference: HardwareRow) -> dict[str, Measurement]:
+def measurements(cfg: CostProjectionConfig, run_dir: Path, reference: HardwareRow) -> dict[str, Measurement]:
     """The reference throughputs of the configured stages: from the profile where entered, else from the manifests."""
     man = _Manifests(run_dir)
     out = {}
@@ -130,7 +131,7 @@ class HeroSpec:
     text_bytes_per_token: float
 
     @classmethod
-    def from_cfg(cls, cfg) -> HeroSpec:
+    def from_cfg(cls, cfg: CostProjectionConfig) -> HeroSpec:
         out = cfg.avg_output_tokens_per_sample if cfg.avg_output_tokens_per_sample is not None else cfg.avg_tokens_per_sample
         return cls(cfg.samples, cfg.avg_tokens_per_sample, out, cfg.epochs, cfg.text_bytes_per_token)
 
@@ -362,7 +363,7 @@ class CostProjection:
         return {k: (round(v, 6) if isinstance(v, float) else v) for k, v in out.items()}
 
 
-def project(cfg, run_dir: Path, train_ttt_steps: int | None = None) -> CostProjection:
+def project(cfg: CostProjectionConfig, run_dir: Path, train_ttt_steps: int | None = None) -> CostProjection:
     """Everything from the config: hardware rows, measurements (profile or manifests), speed factors, FLOPs/token."""
     hw_path = resolve_path(cfg.hardware_file)
     table = load_hardware(hw_path)

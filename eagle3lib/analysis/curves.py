@@ -27,6 +27,7 @@ from eagle3lib.analysis.log_sources import (
     parse_speculators_log,
     parse_tensorboard,
 )
+from eagle3lib.config.analysis import LearningCurvesConfig
 from eagle3lib.core.atomic import write_bytes_atomic
 from eagle3lib.core.manifest import read_manifest
 
@@ -306,7 +307,7 @@ class LearningCurves:
         return sources_table(self.runs)
 
 
-def load_runs(cfg, default: Path, copy_dir: Path | None = None) -> list[RunMetrics]:
+def load_runs(cfg: LearningCurvesConfig, default: Path, copy_dir: Path | None = None) -> list[RunMetrics]:
     sources = expand_sources(cfg.sources, default, cfg.labels)
     return [load_run(s, cfg.format, cfg.smoothing, cfg.eta_window, cfg.total_steps, cfg.ssh_timeout_s, copy_dir)
             for s in sources]

@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from eagle3lib.analysis.decode_time import DrafterCost, Machine, VerifierCost, chained, speedup, tau_of
-from eagle3lib.config.deployment import VerifierShape
-from eagle3lib.config.profile import ParamsError
+from eagle3lib.config.deployment import DeploymentConfig, VerifierShape
+from eagle3lib.config.profile import ParamsError, Profile
 from eagle3lib.model.drafter_shape import DrafterShape, choose_drafter_layer, drafter_config_from
 from eagle3lib.model.verifier import resolve_model
 from eagle3lib.vllm.k_schedule import fastest_k, schedule_ranges
@@ -50,7 +50,7 @@ def drafter_shape_for(train_cfg, shape: VerifierShape, ckpt: Path | None = None)
     return DrafterShape.of(drafter_config_from(train_cfg, shape, [0], vocab, "verifier", layer))
 
 
-def machine(row, cfg, gpus: int | None = None) -> Machine:
+def machine(row, cfg: DeploymentConfig, gpus: int | None = None) -> Machine:
     """A params/hardware.yaml row as the model's machine (tensor parallel over all its GPUs unless `gpus`)."""
     return Machine(gpus=gpus or row.count, bandwidth=row.mem_bw_tbs * 1e12, flops=row.bf16_tflops * 1e12,
                    bandwidth_efficiency=cfg.bandwidth_efficiency, flops_efficiency=cfg.flops_efficiency,
@@ -76,7 +76,7 @@ def measured_acceptance(results: dict[str, Any] | None) -> tuple[list[float], st
     return None
 
 
-def acceptance(cfg, results: dict[str, Any] | None) -> tuple[list[float], str]:
+def acceptance(cfg: DeploymentConfig, results: dict[str, Any] | None) -> tuple[list[float], str]:
     """(rates of rounds reaching each position, where they come from)."""
     if cfg.acceptance_per_position is not None:
         return chained(cfg.acceptance_per_position), cfg.acceptance_note or "deployment.acceptance_per_position"
@@ -111,7 +111,7 @@ def schedule(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return {"best_k": bk, "schedule": schedule_ranges(bk), "stops_paying_at": stops}
 
 
-def cpu_comparison(plan: Plan, row, cfg, grid: dict[str, Any]) -> list[dict[str, Any]]:
+def cpu_comparison(plan: Plan, row, cfg: DeploymentConfig, grid: dict[str, Any]) -> list[dict[str, Any]]:
     """The model on the cpu-2core row against the measured grid, per (K, concurrency): pure roofline (the configured
     overhead) and with the per-forward overhead fitted to one number, the verifier alone's time per output token at
     the grid's smallest concurrency."""
@@ -138,7 +138,7 @@ def cpu_comparison(plan: Plan, row, cfg, grid: dict[str, Any]) -> list[dict[str,
     return out
 
 
-def hardware_names(cfg, profile, table: dict[str, Any]) -> list[str]:
+def hardware_names(cfg: DeploymentConfig, profile: Profile, table: dict[str, Any]) -> list[str]:
     """deployment.hardware, else cost_projection.hardware, else every GPU row (the CPU row is the grid's comparison)."""
     names = cfg.hardware
     if not names:
@@ -149,14 +149,15 @@ def hardware_names(cfg, profile, table: dict[str, Any]) -> list[str]:
     return list(names or [n for n in table if n != CPU_ROW])
 
 
-def source_run(cfg, run_dir: Path) -> Path:
+def source_run(cfg: DeploymentConfig, run_dir: Path) -> Path:
     """The run the measurements come from (deployment.results_run_dir, else this one)."""
     from eagle3lib.analysis.cost import resolve_path
 
     return resolve_path(cfg.results_run_dir) if cfg.results_run_dir else run_dir
 
 
-def shapes(cfg, profile, ckpt: Path | None) -> tuple[VerifierShape, DrafterShape, dict[str, str]]:
+def shapes(cfg: DeploymentConfig, profile: Profile,
+           ckpt: Path | None) -> tuple[VerifierShape, DrafterShape, dict[str, str]]:
     """The verifier's shape (deployment.verifier_shape, else its config.json) and the drafter's (the checkpoint `ckpt`
     when it exists, else the train section's), with where each comes from."""
     vcfg = profile.verifier
@@ -172,7 +173,8 @@ def shapes(cfg, profile, ckpt: Path | None) -> tuple[VerifierShape, DrafterShape
                            "drafter_source": "the trained drafter" if have else "the train section's shape"}
 
 
-def build_plan(cfg, profile, run_dir: Path, results: dict[str, Any] | None) -> tuple[Plan, dict[str, Any]]:
+def build_plan(cfg: DeploymentConfig, profile: Profile, run_dir: Path,
+               results: dict[str, Any] | None) -> tuple[Plan, dict[str, Any]]:
     """The model's inputs for `profile` (its deployment section `cfg`): the shapes, with the run's trained drafter when
     it has one, and the acceptance per position, with where each comes from."""
     shape, dshape, sources = shapes(cfg, profile, Path(run_dir) / "train" / "final")
@@ -184,7 +186,7 @@ def build_plan(cfg, profile, run_dir: Path, results: dict[str, Any] | None) -> t
     return Plan(vc, DrafterCost(dshape, shape.weight_bytes), rates, cfg.context_tokens), inputs
 
 
-def k_sweep_model(profile, ckpt: Path, concurrency: int) -> tuple[Callable[[int, float], float], str]:
+def k_sweep_model(profile: Profile, ckpt: Path, concurrency: int) -> tuple[Callable[[int, float], float], str]:
     """The modelled GPU speedup of K drafts at acceptance length tau, for the evaluate stage's K sweep: the first
     hardware row of the deployment section at evaluate.concurrency."""
     from eagle3lib.analysis.hardware import get_row, load_hardware, resolve_path

@@ -10,11 +10,15 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from eagle3lib.core.guard import popen_guarded
 
+if TYPE_CHECKING:
+    from eagle3lib.config.launch import TorchrunConfig
 
-def torchrun_command(cfg, module: str, args: list[str]) -> list[str]:
+
+def torchrun_command(cfg: TorchrunConfig, module: str, args: list[str]) -> list[str]:
     """`python -m module args`, or torchrun running it when `cfg` asks for several processes."""
     if cfg.nproc_per_node * cfg.nnodes > 1:
         tr = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={cfg.nproc_per_node}"]

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 
 import torch
 
+from eagle3lib.config.train import TrainConfig
+
 
 @dataclass
 class MicroBatch:
@@ -154,7 +156,7 @@ class Plan:
         return e + (s + 1) / self.epoch_steps[e]
 
 
-def make_plan(train: list[int], lengths: list[int], cfg, max_steps: int | None = None) -> Plan:
+def make_plan(train: list[int], lengths: list[int], cfg: TrainConfig, max_steps: int | None = None) -> Plan:
     import math
 
     n_full = math.ceil(cfg.epochs)

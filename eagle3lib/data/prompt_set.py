@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from eagle3lib.config.generate import GenerateConfig
 from eagle3lib.data.datasets import Conversation, DatasetError, LoadStats, load_conversations
 from eagle3lib.data.multi_turn import first_turn, segments, uses_tools
 
@@ -28,7 +29,7 @@ class Prompts:
     # would refuse the request)
 
 
-def load_prompts(cfg, fits: Callable[[Conversation], bool] | None = None) -> Prompts:
+def load_prompts(cfg: GenerateConfig, fits: Callable[[Conversation], bool] | None = None) -> Prompts:
     """The stage's prompts: dataset -> shuffled -> prompt() -> `fits` -> capped at max_samples. Bad records per
     on_bad_record. `fits` is asked only until max_samples prompts are found, so a capped run tokenizes few."""
     stats = LoadStats()

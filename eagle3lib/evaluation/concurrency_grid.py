@@ -23,6 +23,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from eagle3lib.config.evaluate import EvaluateConfig
+from eagle3lib.config.verifier import VerifierConfig
 from eagle3lib.evaluation.phases import load_phase, save_phase
 from eagle3lib.evaluation.results import same_frac
 from eagle3lib.vllm.endpoint import verifier_endpoint
@@ -49,7 +51,8 @@ def scheduled_config(ckpt: Path, k: int, schedule: list[list[int]] | None = None
 
 
 @contextmanager
-def _endpoint(cfg, vcfg, model_path: str, out_dir: Path, name: str, url: str | None, spec: dict[str, Any] | None):
+def _endpoint(cfg: EvaluateConfig, vcfg: VerifierConfig, model_path: str, out_dir: Path, name: str, url: str | None,
+              spec: dict[str, Any] | None):
     """A given server (URL) or a local one started for these passes and stopped after."""
     if url:
         yield verifier_endpoint(vcfg, cfg.connect_timeout_s, base_url=url)
@@ -60,7 +63,8 @@ def _endpoint(cfg, vcfg, model_path: str, out_dir: Path, name: str, url: str | N
         yield server.endpoint()
 
 
-def measure_row_set(cfg, ep, prompts, concurrencies: list[int], counters: bool, label: str) -> dict[int, dict[str, Any]]:
+def measure_row_set(cfg: EvaluateConfig, ep, prompts, concurrencies: list[int], counters: bool,
+                    label: str) -> dict[int, dict[str, Any]]:
     """One server's greedy passes, evaluate.grid_repeats per concurrency, the fastest kept (every pass's tokens/s beside
     it; on a shared machine a stall, another process or the client's own CPU time only ever slows a pass): tokens/s, time per output token, tau and acceptance per position (speculative servers), and
     the outputs (for the greedy-identical check)."""
@@ -80,8 +84,8 @@ def measure_row_set(cfg, ep, prompts, concurrencies: list[int], counters: bool, 
     return out
 
 
-def _phase(cfg, vcfg, model_path, out_dir, prompts, name: str, key: dict[str, Any], url: str | None,
-           spec: dict[str, Any] | None) -> dict[int, dict[str, Any]]:
+def _phase(cfg: EvaluateConfig, vcfg: VerifierConfig, model_path, out_dir, prompts, name: str, key: dict[str, Any],
+           url: str | None, spec: dict[str, Any] | None) -> dict[int, dict[str, Any]]:
     cached = load_phase(out_dir, name, key)
     if cached is not None:
         return {int(c): row for c, row in cached.items()}
@@ -151,8 +155,8 @@ def sweep_measurements(grid: dict[str, Any], concurrency: int) -> dict[int, dict
                 "accept_rate_pos": [r[f"accept_rate_pos_{i}"] for i in range(1, k + 1)]} for k, r in rows.items()}
 
 
-def concurrency_grid(cfg, vcfg, model_path: str, ckpt: Path, prompts, k_main: int, out_dir: Path, vkey: dict[str, Any],
-                     urls: dict[str, str | None]) -> dict[str, Any]:
+def concurrency_grid(cfg: EvaluateConfig, vcfg: VerifierConfig, model_path: str, ckpt: Path, prompts, k_main: int,
+                     out_dir: Path, vkey: dict[str, Any], urls: dict[str, str | None]) -> dict[str, Any]:
     """The grid over K in (evaluate.ttt_steps_sweep or the main K) and 0, at every evaluate.concurrency_sweep point;
     then the schedule derived from it (or evaluate.ttt_steps_schedule), served and measured at the same points. `urls`: a given server for "base"
     (K = 0) and "spec" (the main K), used instead of starting one."""

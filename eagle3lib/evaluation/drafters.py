@@ -11,6 +11,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from eagle3lib.config.evaluate import EvaluateConfig
+from eagle3lib.config.verifier import VerifierConfig
 from eagle3lib.data.context_buckets import bucket_key
 from eagle3lib.evaluation.inputs import EvaluateError, check_drafter
 from eagle3lib.evaluation.phases import fingerprint
@@ -69,8 +71,9 @@ def drafter_row(label: str, res: dict[str, Any], estimate: float | None) -> dict
     return row
 
 
-def compare_drafters(cfg, vcfg, model_path: str, drafters: list[tuple[str, Path]], prompts, k: int, out_dir: Path,
-                     vkey: dict[str, Any], own: tuple[str, dict[str, Any], float | None]) -> list[dict[str, Any]]:
+def compare_drafters(cfg: EvaluateConfig, vcfg: VerifierConfig, model_path: str, drafters: list[tuple[str, Path]],
+                     prompts, k: int, out_dir: Path, vkey: dict[str, Any],
+                     own: tuple[str, dict[str, Any], float | None]) -> list[dict[str, Any]]:
     """This run's drafter first (from the main measurement), then each of `drafters` on its own server."""
     rows = [drafter_row(*own)]
     for i, (label, ckpt) in enumerate(drafters, 1):

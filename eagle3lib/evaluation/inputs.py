@@ -9,6 +9,8 @@ import random
 from pathlib import Path
 from typing import Any
 
+from eagle3lib.config.evaluate import EvaluateConfig
+from eagle3lib.config.stages import StageContext
 from eagle3lib.core.manifest import read_manifest
 from eagle3lib.data.datasets import DatasetError, load_conversations
 from eagle3lib.data.multi_turn import segments
@@ -20,7 +22,7 @@ class EvaluateError(ValueError):
     """Bad input (checkpoint, prompts, server); the message names the file, key or URL."""
 
 
-def resolve_checkpoint(cfg, train_dir: Path) -> tuple[Path, dict[str, Any] | None, list[str]]:
+def resolve_checkpoint(cfg: EvaluateConfig, train_dir: Path) -> tuple[Path, dict[str, Any] | None, list[str]]:
     """(checkpoint folder, the train manifest when its estimates belong to that checkpoint, warnings).
 
     By default the train stage's best/ (its best validation by estimated acceptance, eagle3lib/training/best.py) when
@@ -121,7 +123,7 @@ def prompt_hash(messages: list[dict[str, Any]]) -> str:
     return hashlib.sha1(json.dumps(messages, sort_keys=True).encode()).hexdigest()
 
 
-def select_prompts(cfg, tokenizer, max_model_len: int, k: int, later_turns: Any = None
+def select_prompts(cfg: EvaluateConfig, tokenizer, max_model_len: int, k: int, later_turns: Any = None
                    ) -> tuple[list[EvalPrompt], dict[str, Any], set[str]]:
     """Prompts balanced over categories (equal shares, leftovers filled in order), seeded; rendered to token ids.
     `later_turns(multi_turn_conversations)` gives the later turns of multi-turn questions as conversations
@@ -168,7 +170,7 @@ def select_prompts(cfg, tokenizer, max_model_len: int, k: int, later_turns: Any 
     return out, stats, hashes
 
 
-def prompts_in_training(ctx, hashes: set[str]) -> int | None:
+def prompts_in_training(ctx: StageContext, hashes: set[str]) -> int | None:
     """How many evaluation prompts are also prompts of the generate stage's dataset, cut as the stage cuts them
     (generate.turns: the last or the first user turn), or are its conversations' last prompts (None when it cannot be
     read)."""

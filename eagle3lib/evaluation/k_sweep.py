@@ -18,6 +18,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from eagle3lib.config.evaluate import EvaluateConfig
+from eagle3lib.config.verifier import VerifierConfig
 from eagle3lib.evaluation.spec_pass import measure_spec
 
 
@@ -46,8 +48,9 @@ def recommend(rows: list[dict[str, Any]]) -> dict[str, int | None]:
     return {"k_best_here": best("speedup_here"), "k_best_gpu_model": best("gpu_speedup_model")}
 
 
-def k_sweep(cfg, vcfg, model_path: str, ckpt: Path, prompts, out_dir: Path, vkey: dict[str, Any],
-            base_tokens_per_s: float | None, gpu_model: tuple[Callable[[int, float], float], str] | None,
+def k_sweep(cfg: EvaluateConfig, vcfg: VerifierConfig, model_path: str, ckpt: Path, prompts, out_dir: Path,
+            vkey: dict[str, Any], base_tokens_per_s: float | None,
+            gpu_model: tuple[Callable[[int, float], float], str] | None,
             main: tuple[int, dict[str, Any]] | None = None, measured: dict[int, dict[str, Any]] | None = None
             ) -> dict[str, Any]:
     """Every K of evaluate.ttt_steps_sweep measured on its own server, except the main measurement's K (`main`: its K

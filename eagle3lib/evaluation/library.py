@@ -7,10 +7,12 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from eagle3lib.config.evaluate import EvaluateConfig
+from eagle3lib.config.verifier import VerifierConfig
 from eagle3lib.vllm.measure import EvalPrompt
 
 
-def library_device(cfg):
+def library_device(cfg: EvaluateConfig):
     """The torch device the library measures on (evaluate.device)."""
     import torch
 
@@ -19,7 +21,8 @@ def library_device(cfg):
     return torch.device(pick_device(cfg.device))
 
 
-def measure_library(cfg, vcfg, model_path: str, ckpt: Path, prompts: list[EvalPrompt], k: int, eos: list[int]) -> dict[str, Any]:
+def measure_library(cfg: EvaluateConfig, vcfg: VerifierConfig, model_path: str, ckpt: Path, prompts: list[EvalPrompt],
+                    k: int, eos: list[int]) -> dict[str, Any]:
     """Plain decoding and speculative decoding (greedy, sampled) of every prompt with the HF verifier, interleaved per
     prompt so that background load slows both alike. Returns per-prompt records (JSON-ready)."""
     import torch
@@ -39,8 +42,8 @@ def measure_library(cfg, vcfg, model_path: str, ckpt: Path, prompts: list[EvalPr
             torch.cuda.empty_cache()  # the vLLM servers measured next need the GPU memory
 
 
-def _library_runs(cfg, vcfg, model_path: str, ckpt: Path, prompts: list[EvalPrompt], k: int, eos: list[int],
-                  dev) -> dict[str, Any]:
+def _library_runs(cfg: EvaluateConfig, vcfg: VerifierConfig, model_path: str, ckpt: Path, prompts: list[EvalPrompt],
+                  k: int, eos: list[int], dev) -> dict[str, Any]:
     import torch
 
     from eagle3lib.core.progress import progress_bar

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from eagle3lib.config.evaluate import EvaluateConfig
 from eagle3lib.data.context_buckets import bucket_key
 from eagle3lib.vllm.server import has_cuda
 
@@ -161,7 +162,7 @@ def spread_figures(row: dict[str, Any], name: str) -> dict[str, Any]:
     return f
 
 
-def disagreements(figures: dict[str, Any], results: dict[str, Any], cfg) -> list[str]:
+def disagreements(figures: dict[str, Any], results: dict[str, Any], cfg: EvaluateConfig) -> list[str]:
     """Library vs vLLM beyond the tolerances: both decode the same prompts with the same drafter, so a large gap means
     one of them does not do what it claims (the sampled case has caught a real vLLM bug, see below)."""
     out = []

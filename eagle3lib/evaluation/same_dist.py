@@ -19,9 +19,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from eagle3lib.config.verifier import VerifierConfig
 
-def same_distribution_estimate(vcfg, model_path: str, ckpt: Path, prompts, outputs: dict[str, list[int] | None],
-                               k: int, decay: float, dtype: str = "float32") -> dict[str, Any] | None:
+
+def same_distribution_estimate(vcfg: VerifierConfig, model_path: str, ckpt: Path, prompts,
+                               outputs: dict[str, list[int] | None], k: int, decay: float,
+                               dtype: str = "float32") -> dict[str, Any] | None:
     """{"tau", "accept_rate_pos", "positions", "sequences"} of drafter `ckpt` (K = k) on prompt + greedy answer, the
     answer's tokens counted as training counts loss positions; None when no answer came back."""
     from eagle3lib.data.chat_tokens import Tokenized

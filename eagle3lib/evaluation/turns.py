@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from eagle3lib.config.evaluate import EvaluateConfig
 from eagle3lib.core.atomic import write_json_atomic
 from eagle3lib.data.datasets import Conversation
 from eagle3lib.vllm.client import chat_payload, parse_chat_response
@@ -24,7 +25,7 @@ def _key(messages: list[dict[str, Any]], max_tokens: int) -> str:
     return hashlib.sha1(json.dumps([messages, max_tokens], sort_keys=True).encode()).hexdigest()
 
 
-def verifier_answer(endpoint: Endpoint, messages: list[dict[str, Any]], cfg) -> dict[str, str]:
+def verifier_answer(endpoint: Endpoint, messages: list[dict[str, Any]], cfg: EvaluateConfig) -> dict[str, str]:
     """The verifier's greedy answer (reasoning and content) to `messages`, every sampling parameter explicit."""
     body = {**chat_payload(endpoint.model, messages, max_tokens=cfg.max_tokens, temperature=0.0,
                            chat_template_kwargs=cfg.chat_template_kwargs or None), **FULL_SOFTMAX}
@@ -38,7 +39,7 @@ def verifier_answer(endpoint: Endpoint, messages: list[dict[str, Any]], cfg) -> 
 
 
 def later_turn_conversations(convs: list[Conversation], answer: Callable[[list[dict[str, Any]]], dict[str, str]],
-                             cfg, cache_path: Path) -> list[Conversation]:
+                             cfg: EvaluateConfig, cache_path: Path) -> list[Conversation]:
     """One conversation per later turn of each question in `convs` (their `extra["later_turns"]`), the verifier's
     answers (`answer(messages)`, cached in `cache_path`) between the turns."""
     cache: dict[str, dict[str, str]] = json.loads(cache_path.read_text()) if cache_path.exists() else {}

@@ -34,6 +34,8 @@ from typing import Any
 
 import torch
 
+from eagle3lib.config.extract import ExtractConfig
+from eagle3lib.config.verifier import VerifierConfig
 from eagle3lib.core import ranks
 from eagle3lib.core.manifest import StageTimer, read_manifest
 from eagle3lib.data.chat_tokens import ChatTokenizer, Tokenized, TokenizeStats
@@ -83,14 +85,14 @@ def check_disk(out_dir: Path, tokens: int, bpt: int, margin_gib: float) -> dict[
 # ------------------------------------------------------------------------------------------------------------ main
 
 
-def _verifier_facts(model_path: str, vcfg: Any) -> dict[str, Any]:
+def _verifier_facts(model_path: str, vcfg: VerifierConfig) -> dict[str, Any]:
     try:
         return verifier_facts(model_path, vcfg.trust_remote_code, vcfg.aux_layer_ids)
     except ValueError as e:
         raise ExtractError(str(e)) from None
 
 
-def extract(cfg: Any, vcfg: Any, out_dir: str | Path, gen_dir: str | Path | None = None,
+def extract(cfg: ExtractConfig, vcfg: VerifierConfig, out_dir: str | Path, gen_dir: str | Path | None = None,
                      manifest_params: dict[str, Any] | None = None, hf_model: Any = None,
                      extractor: Any = None, hidden_states: str = "offline") -> dict[str, Any]:
     """The stage without a StageContext: read `cfg.source`, write the store and manifest.json into `out_dir`.
@@ -279,7 +281,7 @@ def extract(cfg: Any, vcfg: Any, out_dir: str | Path, gen_dir: str | Path | None
     return {"figures": figures, "outputs": outputs, "out_dir": out_dir}
 
 
-def check_final_state(backend: Any, samples: list[Tokenized], model_path: str, vcfg: Any, name: str,
+def check_final_state(backend: Any, samples: list[Tokenized], model_path: str, vcfg: VerifierConfig, name: str,
                       store_dtype: str = "bfloat16") -> dict[str, Any]:
     """eagle3lib/model/final_check.py `check_backend`, as an ExtractError (nothing is stored when it fails)."""
     from eagle3lib.model.final_check import FinalStateMismatch, check_backend, check_line
@@ -292,7 +294,8 @@ def check_final_state(backend: Any, samples: list[Tokenized], model_path: str, v
     return figures
 
 
-def _extract(cfg, vcfg, model_path, facts, out_dir, todo, todo_tokens, writer, hf_model, extractor) -> dict[str, Any]:
+def _extract(cfg: ExtractConfig, vcfg: VerifierConfig, model_path, facts, out_dir, todo, todo_tokens, writer, hf_model,
+             extractor) -> dict[str, Any]:
     from eagle3lib.core.progress import progress_bar
 
     aux = facts["aux_layer_ids"]
@@ -365,7 +368,7 @@ def _extract(cfg, vcfg, model_path, facts, out_dir, todo, todo_tokens, writer, h
     return extra
 
 
-def num_gpus(cfg: Any, vcfg: Any) -> int:
+def num_gpus(cfg: ExtractConfig, vcfg: VerifierConfig) -> int:
     """GPUs the extraction used (the cost projection scales by it); a CPU run counts as one device."""
     if cfg.backend == "vllm":
         return int(vcfg.tensor_parallel_size)

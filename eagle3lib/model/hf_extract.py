@@ -16,6 +16,8 @@ from typing import Any
 
 import torch
 
+from eagle3lib.config.extract import ExtractConfig
+from eagle3lib.config.verifier import VerifierConfig
 from eagle3lib.data.chat_tokens import Tokenized
 from eagle3lib.model.verifier import LayerCapture, base_model, decoder_layers, load_hf_model
 
@@ -37,7 +39,7 @@ def pick_device(device: str) -> str:
     return device
 
 
-def hf_compute_dtype(cfg: Any, vcfg: Any) -> str:
+def hf_compute_dtype(cfg: ExtractConfig, vcfg: VerifierConfig) -> str:
     """The HF backend's compute precision (extract.hf_dtype): explicit, or verifier.dtype on GPUs and float32 on CPU."""
     if cfg.hf_dtype != "auto":
         return cfg.hf_dtype

@@ -27,6 +27,7 @@ Exactness against incremental decoding and against the dense layouts: tests/test
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -158,7 +159,7 @@ class _TTTFlash(torch.autograd.Function):
     k0 [B, nkv, S, Dq], v0 [B, nkv, S, Dv], each diagonal [B, nkv, S, Dq] (keys) / [B, nkv, S, Dv] (values)."""
 
     @staticmethod
-    def forward(ctx, plan: Plan, q, k0, v0, *diag):
+    def forward(ctx: Any, plan: Plan, q, k0, v0, *diag):
         n = len(diag) // 2
         kd, vd = diag[:n], diag[n:]
         B, nh, S, Dq = q.shape
@@ -182,7 +183,7 @@ class _TTTFlash(torch.autograd.Function):
         return out
 
     @staticmethod
-    def backward(ctx, dout):
+    def backward(ctx: Any, dout):
         q, k0, v0, out, lse, *diag = ctx.saved_tensors
         plan, n = ctx.plan, ctx.n
         kd, vd = diag[:n], diag[n:]

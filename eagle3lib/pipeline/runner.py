@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from eagle3lib.config.profile import load_profile
+from eagle3lib.config.profile import Profile, load_profile
 from eagle3lib.config.stages import STAGES, Stage, default_stages, existing_stages, get_stage, stage_params
 from eagle3lib.core.atomic import write_json_atomic
 from eagle3lib.core.manifest import manifest_time, now_iso, read_manifest, update_manifest
@@ -271,14 +271,14 @@ def run_pipeline(
     return index
 
 
-def _run_one(i: int, stage: Stage, selected: list[Stage], prof, profile_arg: str, run_dir: Path,
+def _run_one(i: int, stage: Stage, selected: list[Stage], prof: Profile, profile_arg: str, run_dir: Path,
              overrides: dict[str, Any], force: bool, shared: SharedServer) -> str | None:
     """Run (or skip) one stage; returns "skipped" when it was skipped."""
     with stage_lock(run_dir, stage.name):
         return _run_locked(i, stage, selected, prof, profile_arg, run_dir, overrides, force, shared)
 
 
-def _run_locked(i: int, stage: Stage, selected: list[Stage], prof, profile_arg: str, run_dir: Path,
+def _run_locked(i: int, stage: Stage, selected: list[Stage], prof: Profile, profile_arg: str, run_dir: Path,
                 overrides: dict[str, Any], force: bool, shared: SharedServer) -> str | None:
     expected = stage_params(prof, stage)
     stage_dir = run_dir / stage.name

@@ -11,6 +11,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import polars as pl
 
+from eagle3lib.config.verifier import VerifierConfig
 from eagle3lib.data.records import iter_generated
 
 
@@ -46,7 +47,7 @@ def length_table(gen_dir: str | Path, tokenizer=None, statuses: Iterable[str] | 
     return df.drop("reasoning", "content")
 
 
-def report_lengths(gen_dir: str | Path, verifier_cfg, limit: int = 20_000) -> tuple[pl.DataFrame, str]:
+def report_lengths(gen_dir: str | Path, verifier_cfg: VerifierConfig, limit: int = 20_000) -> tuple[pl.DataFrame, str]:
     """(length table with reasoning_tokens / content_tokens, how they were counted): with the verifier's tokenizer, or
     split by characters when it cannot be loaded here (a remote verifier)."""
     from eagle3lib.model.verifier import load_tokenizer, resolve_model

@@ -18,7 +18,7 @@ from eagle3lib.analysis.compare import (
     positions_table,
     throughput_table,
 )
-from eagle3lib.config.stages import runs_root
+from eagle3lib.config.stages import StageContext, runs_root
 from eagle3lib.core.atomic import write_text_atomic
 from eagle3lib.core.manifest import StageTimer
 
@@ -32,7 +32,7 @@ class Comparison:
         return pl.DataFrame([{"run": r.label, "stages complete": ", ".join(r.figures) or "none"} for r in self.runs])
 
 
-def run(ctx) -> Comparison:
+def run(ctx: StageContext) -> Comparison:
     cfg = ctx.cfg
     timer = StageTimer(ctx.dir, ctx.manifest_params())
     paths = find_runs(cfg.runs, ctx.run_dir, runs_root())

@@ -8,11 +8,12 @@ import polars as pl
 from eagle3lib.analysis.cost import CostProjection, project, resolve_path
 from eagle3lib.analysis.hidden_modes import hidden_modes
 from eagle3lib.config.profile import ParamsError
+from eagle3lib.config.stages import StageContext
 from eagle3lib.core.atomic import write_text_atomic
 from eagle3lib.core.manifest import StageTimer
 
 
-def run(ctx) -> CostProjection:
+def run(ctx: StageContext) -> CostProjection:
     """The stage: project the hero run onto every hardware row, write the tables and the manifest."""
     cfg = ctx.cfg
     timer = StageTimer(ctx.dir, ctx.manifest_params())
@@ -42,7 +43,7 @@ def run(ctx) -> CostProjection:
     return cp
 
 
-def modes(ctx, cp: CostProjection) -> pl.DataFrame:
+def modes(ctx: StageContext, cp: CostProjection) -> pl.DataFrame:
     """Offline vs online vs hybrid hidden states for the hero run (and cost_projection.hidden_states_samples)."""
     cfg = ctx.cfg
     budget = cfg.cache_budget_gb

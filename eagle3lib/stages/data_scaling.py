@@ -25,7 +25,7 @@ import numpy as np
 
 from eagle3lib.analysis.scaling import ScalingFit, explain, fit_scaling, tau_standard_error
 from eagle3lib.analysis.scaling_points import load_counts, score_points
-from eagle3lib.config.stages import open_stage
+from eagle3lib.config.stages import StageContext, open_stage
 from eagle3lib.core.atomic import write_json_atomic, write_text_atomic
 from eagle3lib.core.manifest import StageTimer, read_manifest, timed_stage
 from eagle3lib.evaluation.inputs import best_is_chosen
@@ -37,19 +37,19 @@ class DataScalingError(RuntimeError):
     pass
 
 
-def _point_overrides(ctx, fraction: float) -> dict[str, Any]:
+def _point_overrides(ctx: StageContext, fraction: float) -> dict[str, Any]:
     cfg, tcfg = ctx.cfg, ctx.profile.section("train")
     epochs = (cfg.epochs or tcfg.epochs) / (fraction if cfg.schedule == "steps" else 1.0)
     return {"train.train_fraction": fraction, "train.epochs": epochs,
             "train.patience": cfg.patience, **QUIET}
 
 
-def point_dir(ctx, fraction: float) -> Path:
+def point_dir(ctx: StageContext, fraction: float) -> Path:
     """RUN_DIR/data_scaling/fraction-<f>/: a fraction's own train run, and its vLLM measurement."""
     return ctx.dir / f"fraction-{fraction:g}"
 
 
-def train_point(ctx, fraction: float, echo=print) -> tuple[Path, dict[str, Any], bool]:
+def train_point(ctx: StageContext, fraction: float, echo=print) -> tuple[Path, dict[str, Any], bool]:
     """(train folder, its manifest, reused) of one fraction: the train stage's own run for 1.0 when it ran with the
     same settings, a finished point from an earlier run of this stage, or a new (or resumed) training run."""
     over = _point_overrides(ctx, fraction)
@@ -62,7 +62,8 @@ def train_point(ctx, fraction: float, echo=print) -> tuple[Path, dict[str, Any],
     return out, m, reused
 
 
-def _point(ctx, fraction: float, train_dir: Path, m: dict[str, Any], reused: bool, k: int) -> dict[str, Any]:
+def _point(ctx: StageContext, fraction: float, train_dir: Path, m: dict[str, Any], reused: bool,
+           k: int) -> dict[str, Any]:
     f, outs = m["figures"], m.get("outputs") or {}
     best_step = f.get("best_step")
     vals = [r for r in read_metrics(train_dir / "metrics.jsonl") if r.get("kind") == "val"]
@@ -78,7 +79,7 @@ def _point(ctx, fraction: float, train_dir: Path, m: dict[str, Any], reused: boo
             "scored_on": "the best validation, on the samples that chose it"}
 
 
-def _data_rates(ctx) -> dict[str, float]:
+def _data_rates(ctx: StageContext) -> dict[str, float]:
     """Samples per second of this run's generate and extract stages (those that measured one)."""
     out = {}
     for stage in ("generate", "extract"):
@@ -88,7 +89,7 @@ def _data_rates(ctx) -> dict[str, float]:
     return out
 
 
-def _cross_fit(ctx, points: list[dict[str, Any]], draws: int, seed: int, echo) -> np.ndarray | None:
+def _cross_fit(ctx: StageContext, points: list[dict[str, Any]], draws: int, seed: int, echo) -> np.ndarray | None:
     """Score every point on the validation samples that did not choose it, with resampled scores [draws, points];
     None (the points keep their best validation's estimate) when a point's run kept no per-sample counts."""
     counts = [load_counts(ctx.run_dir / p["dir"], [r["step"] for r in read_metrics(ctx.run_dir / p["dir"] / "metrics.jsonl")
@@ -107,7 +108,7 @@ def _cross_fit(ctx, points: list[dict[str, Any]], draws: int, seed: int, echo) -
     return scored.draws
 
 
-def _vllm_tau(ctx, point: dict[str, Any], k: int) -> tuple[float | None, str]:
+def _vllm_tau(ctx: StageContext, point: dict[str, Any], k: int) -> tuple[float | None, str]:
     """vLLM's greedy tau for a point's drafter: the evaluate stage's when it measured this checkpoint, else measured
     here (and kept in the point's folder, keyed by the checkpoint, so a rerun does not start a server again)."""
     from eagle3lib.evaluation.phases import fingerprint, load_phase, save_phase
@@ -129,7 +130,7 @@ def _vllm_tau(ctx, point: dict[str, Any], k: int) -> tuple[float | None, str]:
     return res["tau"], "measured here"
 
 
-def _target_cost(ctx, fit: ScalingFit, target: float, epochs: float) -> tuple[dict[str, Any], Any]:
+def _target_cost(ctx: StageContext, fit: ScalingFit, target: float, epochs: float) -> tuple[dict[str, Any], Any]:
     """The cost of the samples the curve asks for, on every hardware row (the cost_projection section's model)."""
     from eagle3lib.analysis.cost import project, resolve_path
 
@@ -154,12 +155,12 @@ def _target_cost(ctx, fit: ScalingFit, target: float, epochs: float) -> tuple[di
     return out, cp.totals()
 
 
-def run(ctx, echo=print) -> dict[str, Any]:
+def run(ctx: StageContext, echo=print) -> dict[str, Any]:
     """The stage: returns fit.json's content; writes fit.json, cost_for_target.csv and the manifest."""
     return timed_stage(ctx.dir, ctx.manifest_params(), lambda timer: _run(ctx, timer, echo))
 
 
-def _run(ctx, timer: StageTimer, echo) -> dict[str, Any]:
+def _run(ctx: StageContext, timer: StageTimer, echo) -> dict[str, Any]:
     cfg, tcfg = ctx.cfg, ctx.profile.section("train")
     k, t0 = tcfg.ttt_steps, time.time()
     if cfg.fractions and not (ctx.stage_dir("extract") / "store.json").exists():

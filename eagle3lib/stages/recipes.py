@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from eagle3lib.config.recipes import DFLASH
-from eagle3lib.config.stages import open_stage
+from eagle3lib.config.stages import StageContext, open_stage
 from eagle3lib.core.atomic import write_json_atomic, write_text_atomic
 from eagle3lib.core.manifest import StageTimer, timed_stage
 from eagle3lib.evaluation.inputs import best_is_chosen
@@ -38,7 +38,7 @@ class RecipesError(RuntimeError):
     pass
 
 
-def _train_chain(ctx, name: str, echo) -> dict[str, Any]:
+def _train_chain(ctx: StageContext, name: str, echo) -> dict[str, Any]:
     """A recipe of train overrides: (reused or trained) folder, checkpoint and the train manifest's figures."""
     over = ctx.cfg.overrides(name)
     own = open_stage("train", ctx.profile.path, ctx.run_dir, {**ctx.profile.overrides, **over}, say=lambda _m: None)
@@ -56,7 +56,7 @@ def _train_chain(ctx, name: str, echo) -> dict[str, Any]:
             "steps": f.get("steps"), "parameters": f.get("drafter_parameters")}
 
 
-def _train_dflash(ctx, model_path: str, k: int, echo) -> dict[str, Any]:
+def _train_dflash(ctx: StageContext, model_path: str, k: int, echo) -> dict[str, Any]:
     """DFlash on the run's store, K drafts per block; resumable in RUN_DIR/recipes/dflash/, reused when finished with
     the same settings."""
     from eagle3lib.training.dflash_loop import DFlashTrainConfig, train_dflash
@@ -85,7 +85,7 @@ def _train_dflash(ctx, model_path: str, k: int, echo) -> dict[str, Any]:
             "train_s": f.get("train_s"), "steps": f.get("steps"), "parameters": f.get("parameters")}
 
 
-def _measure(ctx, ckpt: Path | None, k: int, name: str) -> dict[str, Any]:
+def _measure(ctx: StageContext, ckpt: Path | None, k: int, name: str) -> dict[str, Any]:
     """vLLM's measurement of one drafter (None: the verifier alone), reused from RUN_DIR/recipes/phases/ when it ran
     with the same drafter files, prompts and settings."""
     ecfg, vcfg, cfg = ctx.profile.section("evaluate"), ctx.verifier, ctx.cfg
@@ -105,7 +105,8 @@ def _measure(ctx, ckpt: Path | None, k: int, name: str) -> dict[str, Any]:
     return res
 
 
-def _row(ctx, name: str, trained: dict[str, Any], res: dict[str, Any], base: dict[str, Any], k: int) -> dict[str, Any]:
+def _row(ctx: StageContext, name: str, trained: dict[str, Any], res: dict[str, Any], base: dict[str, Any],
+         k: int) -> dict[str, Any]:
     ckpt = trained["checkpoint"]
     serving = {key: v for key, v in speculative_config(ckpt, k).items() if key != "model"}
     row: dict[str, Any] = {"recipe": name, "overrides": ctx.cfg.overrides(name), "served_as": served_as(ckpt),
@@ -127,12 +128,12 @@ def _row(ctx, name: str, trained: dict[str, Any], res: dict[str, Any], base: dic
     return row
 
 
-def run(ctx, echo=print) -> dict[str, Any]:
+def run(ctx: StageContext, echo=print) -> dict[str, Any]:
     """The stage: returns recipes.json's content; writes it, recipes.csv, recipes.png and the manifest."""
     return timed_stage(ctx.dir, ctx.manifest_params(), lambda timer: _run(ctx, timer, echo))
 
 
-def _run(ctx, timer: StageTimer, echo) -> dict[str, Any]:
+def _run(ctx: StageContext, timer: StageTimer, echo) -> dict[str, Any]:
     from eagle3lib.model.verifier import resolve_model
 
     t0 = time.time()

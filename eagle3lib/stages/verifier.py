@@ -11,6 +11,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from eagle3lib.config.stages import StageContext
+from eagle3lib.config.verifier import VerifierConfig
+from eagle3lib.config.verifier_report import VerifierReportConfig
 from eagle3lib.core.manifest import StageTimer
 from eagle3lib.core.paths import ASSETS_DIR
 from eagle3lib.model.drafter_shape import verifier_is_mla
@@ -21,7 +24,7 @@ from eagle3lib.vllm.server import verifier_endpoint_for_stage
 HELDOUT_PROMPTS = ASSETS_DIR / "prompts" / "heldout.jsonl"
 
 
-def describe(model_path: str, verifier_cfg) -> dict[str, Any]:
+def describe(model_path: str, verifier_cfg: VerifierConfig) -> dict[str, Any]:
     c = load_config(model_path, verifier_cfg.trust_remote_code)
     out = {
         "architecture": (getattr(c, "architectures", None) or [type(c).__name__])[0],
@@ -51,7 +54,7 @@ def describe(model_path: str, verifier_cfg) -> dict[str, Any]:
     return out
 
 
-def sample_answers(endpoint, prompts: list[dict], cfg) -> list[dict]:
+def sample_answers(endpoint, prompts: list[dict], cfg: VerifierReportConfig) -> list[dict]:
     rows = []
     for p in prompts:
         for mode, temp in (("greedy", 0.0), ("sampled", cfg.temperature)):
@@ -63,7 +66,7 @@ def sample_answers(endpoint, prompts: list[dict], cfg) -> list[dict]:
     return rows
 
 
-def run(ctx) -> dict[str, Any]:
+def run(ctx: StageContext) -> dict[str, Any]:
     cfg, vcfg = ctx.cfg, ctx.verifier
     timer = StageTimer(ctx.dir, ctx.manifest_params())
     t0 = time.time()

@@ -12,12 +12,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+from eagle3lib.config.train import TrainConfig
 from eagle3lib.trackers.base import TrackerError, flat_params, metric_values, records_from_metrics, require, split_tag
 
 FOLDER = "mlflow"
 
 
-def tracking_uri(train_dir: Path, cfg) -> str:
+def tracking_uri(train_dir: Path, cfg: TrainConfig) -> str:
     if cfg.mlflow_tracking_uri:
         return cfg.mlflow_tracking_uri
     return f"sqlite:///{(Path(train_dir) / FOLDER / 'mlflow.db').resolve()}"
@@ -42,7 +43,7 @@ def client(uri: str):
 class MlflowTracker:
     name = "mlflow"
 
-    def __init__(self, train_dir: Path, cfg, state: dict | None, params: dict[str, Any], resume_step: int,
+    def __init__(self, train_dir: Path, cfg: TrainConfig, state: dict | None, params: dict[str, Any], resume_step: int,
                  run_name: str):
         self.uri = tracking_uri(train_dir, cfg)
         self.local = not cfg.mlflow_tracking_uri  # the store lives in the run directory

@@ -15,6 +15,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from eagle3lib.config.train import TrainConfig
 from eagle3lib.core.atomic import write_json_atomic
 from eagle3lib.trackers.base import TrackerError, require
 
@@ -29,7 +30,7 @@ def _classes() -> dict[str, Any]:
     return {"tensorboard": TensorBoardTracker, "wandb": WandbTracker, "mlflow": MlflowTracker}
 
 
-def check_trackers(cfg, train_dir: Path) -> None:
+def check_trackers(cfg: TrainConfig, train_dir: Path) -> None:
     """Before training starts (and before torchrun spawns anything): each listed tracker's package imports, the MLflow
     store answers, W&B online has a key. Raises TrackerError naming the setting."""
     for name in cfg.report_to:
@@ -70,8 +71,8 @@ class Trackers:
         self.warn = warn
 
     @classmethod
-    def open(cls, cfg, train_dir: Path, params: dict[str, Any], resume_step: int, records: list[dict[str, Any]],
-             warn=print) -> Trackers:
+    def open(cls, cfg: TrainConfig, train_dir: Path, params: dict[str, Any], resume_step: int,
+             records: list[dict[str, Any]], warn=print) -> Trackers:
         """Open (or, resuming, reopen) each tracker, then log the `records` (metrics.jsonl up to the checkpoint) that
         a tracker does not hold yet."""
         if not cfg.report_to:

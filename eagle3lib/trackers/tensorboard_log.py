@@ -12,6 +12,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from eagle3lib.config.train import TrainConfig
 from eagle3lib.trackers.base import last_steps, markdown_table, metric_values, records_from_metrics, require, split_tag
 
 LOG_DIR = "tensorboard"
@@ -20,7 +21,7 @@ LOG_DIR = "tensorboard"
 class TensorBoardTracker:
     name = "tensorboard"
 
-    def __init__(self, train_dir: Path, cfg, state: dict | None, params: dict[str, Any], resume_step: int):
+    def __init__(self, train_dir: Path, cfg: TrainConfig, state: dict | None, params: dict[str, Any], resume_step: int):
         require("tensorboard", "tensorboard")
         from torch.utils.tensorboard import SummaryWriter
 

@@ -15,6 +15,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from eagle3lib.config.train import TrainConfig
 from eagle3lib.trackers.base import TrackerError, last_steps, metric_values, records_from_metrics, require, split_tag
 
 FOLDER = "wandb"
@@ -23,7 +24,7 @@ FOLDER = "wandb"
 class WandbTracker:
     name = "wandb"
 
-    def __init__(self, train_dir: Path, cfg, state: dict | None, params: dict[str, Any], resume_step: int,
+    def __init__(self, train_dir: Path, cfg: TrainConfig, state: dict | None, params: dict[str, Any], resume_step: int,
                  run_name: str):
         wandb = require("wandb", "wandb")
         self.dir = Path(train_dir)

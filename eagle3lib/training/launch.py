@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from eagle3lib.config.stages import StageContext
 from eagle3lib.core.manifest import read_manifest
 from eagle3lib.core.torchrun import failure_cause, run_streamed, torchrun_command, torchrun_env
 from eagle3lib.data.packing import validation_count
@@ -14,7 +15,7 @@ from eagle3lib.trackers.run import check_trackers
 from eagle3lib.training.setup import TrainingError
 
 
-def launch_command(ctx, overrides: dict[str, Any] | None = None) -> list[str]:
+def launch_command(ctx: StageContext, overrides: dict[str, Any] | None = None) -> list[str]:
     """The command that trains this stage: torchrun when the profile asks for several processes."""
     args = ["--profile", str(ctx.profile.path), "--run-dir", str(ctx.run_dir),
             "--overrides-json", json.dumps(overrides if overrides is not None else ctx.profile.overrides)]
@@ -23,11 +24,11 @@ def launch_command(ctx, overrides: dict[str, Any] | None = None) -> list[str]:
     return torchrun_command(ctx.cfg, "eagle3lib.stages.train", args)
 
 
-def launch_env(ctx) -> dict[str, str]:
+def launch_env(ctx: StageContext) -> dict[str, str]:
     return torchrun_env(ctx.cfg.nproc_per_node)
 
 
-def _check_split(ctx) -> None:
+def _check_split(ctx: StageContext) -> None:
     """A validation split that leaves no training samples, known from the store's index before any process starts
     (each rank found it after torchrun's start-up)."""
     store = ctx.stage_dir("extract")
@@ -41,7 +42,7 @@ def _check_split(ctx) -> None:
                             f"{store}; lower it (or train.val_max_samples)")
 
 
-def launch(ctx, *, echo=print) -> dict[str, Any]:
+def launch(ctx: StageContext, *, echo=print) -> dict[str, Any]:
     """Run training in a subprocess (torchrun for several processes), streaming its console lines.
 
     A subprocess even for one process: the notebook kernel stays small and responsive, a crash (out of memory) does

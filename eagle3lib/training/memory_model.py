@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import torch
 
+from eagle3lib.config.train import TrainConfig
 from eagle3lib.model.drafter_shape import DrafterShape
 
 GIB = 2**30
@@ -133,7 +134,8 @@ def check_fits(s: DrafterShape, K: int, row_tokens: int, sample_tokens: int, mem
         + ", or train.memory_gb to plan for another device.")
 
 
-def check_train_memory(cfg, dcfg, longest: int, device: torch.device, store_dtype: str, world: int) -> dict[str, float]:
+def check_train_memory(cfg: TrainConfig, dcfg, longest: int, device: torch.device, store_dtype: str,
+                       world: int) -> dict[str, float]:
     """The train stage's check before any memory is spent (cfg: the train section; dcfg: the DrafterConfig; `longest`:
     the longest training sample, cut to the row). Returns the model's terms in GiB for the manifest."""
     memory = cfg.memory_gb * GIB if cfg.memory_gb else device_memory_bytes(device)

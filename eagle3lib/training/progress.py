@@ -10,10 +10,11 @@ from typing import Any
 
 import torch
 
+from eagle3lib.config.train import TrainConfig
 from eagle3lib.model.ttt import STAT_KEYS
 
 
-def lr_at(step: int, cfg, total_steps: int) -> float:
+def lr_at(step: int, cfg: TrainConfig, total_steps: int) -> float:
     """Linear warmup over warmup_steps, then cosine decay to lr * min_lr_ratio at the last step."""
     if step < cfg.warmup_steps:
         return cfg.lr * (step + 1) / cfg.warmup_steps

@@ -5,9 +5,14 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+from eagle3lib.config.train import TrainConfig
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 
 
 class TrainingError(RuntimeError):
@@ -32,7 +37,7 @@ def select_kernels(choice: str, device: torch.device) -> str:
         raise TrainingError(f"train.kernels={choice}: {e}") from None
 
 
-def training_device(cfg) -> torch.device:
+def training_device(cfg: TrainConfig) -> torch.device:
     """This process's device: train.device, and under torchrun the GPU of its LOCAL_RANK."""
     if cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available()):
         if not torch.cuda.is_available():
@@ -41,17 +46,17 @@ def training_device(cfg) -> torch.device:
     return torch.device("cpu")
 
 
-def drafter_layer_for(cfg, verifier_cfg) -> str:
+def drafter_layer_for(cfg: TrainConfig, vconf: PretrainedConfig) -> str:
     """train.drafter_layer resolved for this verifier and machine (eagle3lib/model/drafter_shape.py)."""
     from eagle3lib.model.drafter_shape import choose_drafter_layer
 
     try:
-        return choose_drafter_layer(cfg.drafter_layer, verifier_cfg, torch.cuda.is_available())
+        return choose_drafter_layer(cfg.drafter_layer, vconf, torch.cuda.is_available())
     except ValueError as e:
         raise TrainingError(str(e)) from None
 
 
-def check_store(meta: dict[str, Any], store_dir: Path, verifier_cfg, aux_ids: list[int],
+def check_store(meta: dict[str, Any], store_dir: Path, vconf: PretrainedConfig, aux_ids: list[int],
                 hidden_states: str = "offline") -> None:
     """Hidden states must come from the configured verifier: same hidden size, vocabulary and feature layers; an
     offline run needs a store that holds them (online runs use its tokens only)."""
@@ -61,12 +66,12 @@ def check_store(meta: dict[str, Any], store_dir: Path, verifier_cfg, aux_ids: li
                             f"{meta.get('hidden_states', 'online')}), and train.hidden_states is offline: run the "
                             "extract stage again (--force) for an offline store, or train with hidden_states online")
     problems = []
-    if int(meta.get("hidden_size", -1)) != int(verifier_cfg.hidden_size):
-        problems.append(f"hidden_size {meta.get('hidden_size')} != the verifier's {verifier_cfg.hidden_size}")
-    if "vocab_size" in meta and int(meta["vocab_size"]) != int(verifier_cfg.vocab_size):
-        problems.append(f"vocab_size {meta['vocab_size']} != the verifier's {verifier_cfg.vocab_size}")
-    if "num_layers" in meta and int(meta["num_layers"]) != int(verifier_cfg.num_hidden_layers):
-        problems.append(f"num_layers {meta['num_layers']} != the verifier's {verifier_cfg.num_hidden_layers}")
+    if int(meta.get("hidden_size", -1)) != int(vconf.hidden_size):
+        problems.append(f"hidden_size {meta.get('hidden_size')} != the verifier's {vconf.hidden_size}")
+    if "vocab_size" in meta and int(meta["vocab_size"]) != int(vconf.vocab_size):
+        problems.append(f"vocab_size {meta['vocab_size']} != the verifier's {vconf.vocab_size}")
+    if "num_layers" in meta and int(meta["num_layers"]) != int(vconf.num_hidden_layers):
+        problems.append(f"num_layers {meta['num_layers']} != the verifier's {vconf.num_hidden_layers}")
     if list(meta.get("aux_layer_ids", [])) != list(aux_ids):
         problems.append(f"aux_layer_ids {meta.get('aux_layer_ids')} != the profile's {aux_ids}")
     if problems:

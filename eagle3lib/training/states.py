@@ -27,6 +27,9 @@ from typing import Any
 
 import torch
 
+from eagle3lib.config.extract import ExtractConfig
+from eagle3lib.config.train import TrainConfig
+from eagle3lib.config.verifier import VerifierConfig
 from eagle3lib.data.chat_tokens import Tokenized
 from eagle3lib.data.hidden_store import (
     STORE_META,
@@ -194,7 +197,7 @@ def tensor_counts(counts: StateCounts) -> torch.Tensor:
     return torch.tensor(counts.as_list(), dtype=torch.float64)
 
 
-def max_micro_batch_bytes(plan, deal_fn, lengths: list[int], cfg, world: int, bpt_staged,
+def max_micro_batch_bytes(plan, deal_fn, lengths: list[int], cfg: TrainConfig, world: int, bpt_staged,
                           vrows: list[list[int]] = ()) -> int:
     """The most staging bytes one micro-batch of this process needs, training's and validation's (the staging budget
     must hold at least that); samples count as computed: cut at packed_row_tokens (OnlineStates.max_tokens)."""
@@ -213,8 +216,9 @@ def max_micro_batch_bytes(plan, deal_fn, lengths: list[int], cfg, world: int, bp
     return most
 
 
-def open_extractor(ecfg, vcfg, model_path: str, aux_ids: list[int], num_layers: int, hidden_size: int,
-                   device: torch.device, work_dir: Path, staging_budget: int, max_position_embeddings: int | None):
+def open_extractor(ecfg: ExtractConfig, vcfg: VerifierConfig, model_path: str, aux_ids: list[int], num_layers: int,
+                   hidden_size: int, device: torch.device, work_dir: Path, staging_budget: int,
+                   max_position_embeddings: int | None):
     """The verifier that computes the states: extract.backend's, on this rank's device (hf) or its own vLLM server
     (vllm, started here; its hidden-state files pass through a staging folder of at most `staging_budget` bytes)."""
     if ecfg.backend == "hf":
@@ -233,7 +237,7 @@ def open_extractor(ecfg, vcfg, model_path: str, aux_ids: list[int], num_layers: 
     return ex.start()
 
 
-def open_states(t, ecfg, vcfg, log) -> OnlineStates:
+def open_states(t, ecfg: ExtractConfig, vcfg: VerifierConfig, log) -> OnlineStates:
     """The trainer's online (or hybrid) states, checked before the first step: the staging budget holds the largest
     micro-batch (vllm), the cache belongs to this verifier, and the final states reproduce the verifier's logits."""
     from eagle3lib.data.packing import deal

@@ -8,7 +8,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from eagle3lib.config.stages import open_stage
+from eagle3lib.config.stages import StageContext, open_stage
 from eagle3lib.config.train import TrainConfig
 from eagle3lib.core.manifest import read_manifest
 from eagle3lib.training.launch import launch
@@ -45,7 +45,8 @@ def outcome_lines(echo):
     return lambda line: echo(line) if any(k in line for k in keep) else None
 
 
-def train_variant(ctx, out: Path, over: dict[str, Any], what: str, echo=print) -> tuple[dict[str, Any], bool]:
+def train_variant(ctx: StageContext, out: Path, over: dict[str, Any], what: str,
+                  echo=print) -> tuple[dict[str, Any], bool]:
     """(manifest, reused) of the train stage run in `out` with the profile's overrides plus `over`; `what` names it in
     the console line."""
     tctx = open_stage("train", ctx.profile.path, ctx.run_dir, {**ctx.profile.overrides, **over}, say=lambda _m: None,

@@ -259,7 +259,7 @@ def shared_verifier_url() -> str | None:
 
 
 @contextmanager
-def verifier_endpoint_for_stage(verifier_cfg, model_path: str, log_path: Path,
+def verifier_endpoint_for_stage(verifier_cfg: VerifierConfig, model_path: str, log_path: Path,
                                 figures: dict[str, Any]) -> Iterator[tuple[Endpoint, VLLMServer | None]]:
     """(endpoint, the server this stage started or None) for a stage that needs the verifier served: the runner's
     shared server when there is one, else a local server for this stage alone (stopped on exit). Records
