@@ -101,7 +101,7 @@ class Setup:
     verifier_dir: Path
     dcfg: DrafterConfig
     draft_ids: torch.Tensor
-    row_len: int
+    packed_row_tokens: int
     lr: float
 
 
@@ -290,18 +290,19 @@ def run_config(s: Setup, steps: int, warmup: int, peers: list[str], variants: li
     perm = torch.randperm(n, generator=g).tolist()
     val_idx, train_idx = perm[:20], perm[20:]
     lengths = s.reader.lengths
-    rows = pack_rows(train_idx, lengths, s.row_len, True)
+    rows = pack_rows(train_idx, lengths, s.packed_row_tokens, True)
     need = steps + warmup
     if len(rows) < need:
         rows = rows * math.ceil(need / len(rows))
     rows = rows[:need]
-    packed = [collate(s.reader, [r], s.row_len) for r in rows]
+    packed = [collate(s.reader, [r], s.packed_row_tokens) for r in rows]
     # unpacked: one sample per step, the samples of the same rows in order (same tokens, same order)
-    singles = [[collate(s.reader, [[i]], s.row_len) for i in r] for r in rows]
-    val = [collate(s.reader, [r], s.row_len) for r in pack_rows(val_idx, lengths, s.row_len, True)]
+    singles = [[collate(s.reader, [[i]], s.packed_row_tokens) for i in r] for r in rows]
+    val = [collate(s.reader, [r], s.packed_row_tokens) for r in pack_rows(val_idx, lengths, s.packed_row_tokens, True)]
     tokens_per_row = sum(b.n_tokens for b in packed[warmup:]) / steps
     print(f"\n== {s.name}: hidden {s.dcfg.hidden_size}, draft vocab {s.dcfg.draft_vocab_size}, {steps} timed steps of "
-          f"one packed row (~{tokens_per_row:.0f} tokens, row_len {s.row_len}); unpacked: the same samples, "
+          f"one packed row (~{tokens_per_row:.0f} tokens, packed_row_tokens {s.packed_row_tokens}); unpacked: the same "
+          "samples, "
           f"one per step ({sum(len(x) for x in singles[warmup:])} steps)", flush=True)
     runners: list[tuple[str, object, bool]] = [(f"eagle3lib packed, attention={v}", OursRunner(s, v), True)
                                                 for v in variants]

@@ -3,8 +3,8 @@
 - Split: a seeded `val_fraction` of the samples (at most `val_max_samples`, at least 1 when there are >= 20) is held out;
   `train_fraction` < 1 then trains on a nested seeded subset of the rest (the same held-out split for every fraction).
 - Rows: with packing, each epoch's seeded permutation is cut into windows of 512 samples, and each window is packed
-  first-fit-decreasing into rows of at most `row_len` tokens (a sample longer than that is truncated); the rows are
-  then shuffled. Without packing, a row is one sample.
+  first-fit-decreasing into rows of at most `packed_row_tokens` tokens (a sample longer than that is truncated); the
+  rows are then shuffled. Without packing, a row is one sample.
 - Steps: `batch_rows` rows per optimizer step (the global batch; a partial last step is dropped). The rows of a step are
   dealt to the processes longest-first, each to the least-loaded process (by tokens), then cut into micro-batches of
   `micro_batch_rows` similar-length rows. The same global batch therefore gives the same rows to any process count.
@@ -79,18 +79,18 @@ def nested_subset(indices: list[int], fraction: float, seed: int, ids: list[str]
     return [i for i in indices if i in keep]
 
 
-def pack_rows(indices: list[int], lengths: list[int], row_len: int, packing: bool,
+def pack_rows(indices: list[int], lengths: list[int], packed_row_tokens: int, packing: bool,
               generator: torch.Generator | None = None) -> list[list[int]]:
     """Rows of sample indices; `indices` are taken in the given order (shuffle before)."""
     if not packing:
         return [[i] for i in indices]
     rows: list[list[int]] = []
     for w in range(0, len(indices), WINDOW):
-        window = sorted(indices[w : w + WINDOW], key=lambda i: -min(lengths[i], row_len))
+        window = sorted(indices[w : w + WINDOW], key=lambda i: -min(lengths[i], packed_row_tokens))
         bins: list[list[int]] = []
         room: list[int] = []
         for i in window:
-            n = min(lengths[i], row_len)
+            n = min(lengths[i], packed_row_tokens)
             for b, r in enumerate(room):
                 if n <= r:
                     bins[b].append(i)
@@ -98,7 +98,7 @@ def pack_rows(indices: list[int], lengths: list[int], row_len: int, packing: boo
                     break
             else:
                 bins.append([i])
-                room.append(row_len - n)
+                room.append(packed_row_tokens - n)
         rows.extend(bins)
     if generator is not None:
         order = torch.randperm(len(rows), generator=generator).tolist()
@@ -106,29 +106,29 @@ def pack_rows(indices: list[int], lengths: list[int], row_len: int, packing: boo
     return rows
 
 
-def row_tokens(row: list[int], lengths: list[int], row_len: int) -> int:
-    return sum(min(lengths[i], row_len) for i in row)
+def row_tokens(row: list[int], lengths: list[int], packed_row_tokens: int) -> int:
+    return sum(min(lengths[i], packed_row_tokens) for i in row)
 
 
-def epoch_rows(train: list[int], lengths: list[int], row_len: int, packing: bool, seed: int,
+def epoch_rows(train: list[int], lengths: list[int], packed_row_tokens: int, packing: bool, seed: int,
                epoch: int) -> list[list[int]]:
     g = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
     perm = [train[j] for j in torch.randperm(len(train), generator=g).tolist()]
-    return pack_rows(perm, lengths, row_len, packing, g)
+    return pack_rows(perm, lengths, packed_row_tokens, packing, g)
 
 
-def deal(rows: list[list[int]], lengths: list[int], row_len: int, world: int,
+def deal(rows: list[list[int]], lengths: list[int], packed_row_tokens: int, world: int,
          micro_batch_rows: int) -> list[list[list[list[int]]]]:
     """One step's rows -> per process, a list of micro-batches (each a list of rows). Longest-first to the least loaded
     process that still has room, so every process gets len(rows)/world rows and about the same tokens."""
     per = len(rows) // world
-    order = sorted(range(len(rows)), key=lambda r: (-row_tokens(rows[r], lengths, row_len), r))
+    order = sorted(range(len(rows)), key=lambda r: (-row_tokens(rows[r], lengths, packed_row_tokens), r))
     load = [0] * world
     got: list[list[list[int]]] = [[] for _ in range(world)]
     for r in order:
         p = min((p for p in range(world) if len(got[p]) < per), key=lambda p: (load[p], p))
         got[p].append(rows[r])
-        load[p] += row_tokens(rows[r], lengths, row_len)
+        load[p] += row_tokens(rows[r], lengths, packed_row_tokens)
     # got[p] is already longest-first: consecutive rows have similar lengths, so micro-batches pad little
     return [[got[p][m : m + micro_batch_rows] for m in range(0, per, micro_batch_rows)] for p in range(world)]
 
@@ -181,19 +181,19 @@ def make_plan(train: list[int], lengths: list[int], cfg: TrainConfig, max_steps:
     return Plan(steps, cfg.epochs, total, lengths_full)
 
 
-def val_rows(val: list[int], lengths: list[int], row_len: int, packing: bool) -> list[list[int]]:
-    return pack_rows(list(val), lengths, row_len, packing)
+def val_rows(val: list[int], lengths: list[int], packed_row_tokens: int, packing: bool) -> list[list[int]]:
+    return pack_rows(list(val), lengths, packed_row_tokens, packing)
 
 
 # ------------------------------------------------------------------------------------------------------ collation
 
 
-def collate(reader, rows: list[list[int]], row_len: int, samples: dict | None = None) -> MicroBatch:
+def collate(reader, rows: list[list[int]], packed_row_tokens: int, samples: dict | None = None) -> MicroBatch:
     """Read the samples of `rows` (or take them from `samples`: states computed online) and lay them out as [B, S]
     (S = the longest row), padding with doc = -1."""
     samples = samples if samples is not None else {i: reader[i] for row in rows for i in row}
     B = len(rows)
-    S = max(row_tokens(r, reader.lengths, row_len) for r in rows)
+    S = max(row_tokens(r, reader.lengths, packed_row_tokens) for r in rows)
     first = next(iter(samples.values()))
     n_aux, H = first.aux_hidden.shape[1], first.aux_hidden.shape[2]
     aux = torch.zeros(B, S, n_aux, H, dtype=first.aux_hidden.dtype)
@@ -207,7 +207,7 @@ def collate(reader, rows: list[list[int]], row_len: int, samples: dict | None = 
         off = 0
         for d, i in enumerate(row):
             s = samples[i]
-            n = min(len(s), row_len)
+            n = min(len(s), packed_row_tokens)
             aux[b, off : off + n] = s.aux_hidden[:n]
             final[b, off : off + n] = s.final_hidden[:n]
             ids[b, off : off + n] = s.input_ids[:n]

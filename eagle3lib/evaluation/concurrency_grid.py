@@ -155,18 +155,18 @@ def sweep_measurements(grid: dict[str, Any], concurrency: int) -> dict[int, dict
                 "accept_rate_pos": [r[f"accept_rate_pos_{i}"] for i in range(1, k + 1)]} for k, r in rows.items()}
 
 
-def concurrency_grid(cfg: EvaluateConfig, vcfg: VerifierConfig, model_path: str, ckpt: Path, prompts, k_main: int,
+def concurrency_grid(cfg: EvaluateConfig, vcfg: VerifierConfig, model_path: str, ckpt: Path, prompts, ttt_steps: int,
                      out_dir: Path, vkey: dict[str, Any], urls: dict[str, str | None]) -> dict[str, Any]:
     """The grid over K in (evaluate.ttt_steps_sweep or the main K) and 0, at every evaluate.concurrency_sweep point;
     then the schedule derived from it (or evaluate.ttt_steps_schedule), served and measured at the same points. `urls`: a given server for "base"
     (K = 0) and "spec" (the main K), used instead of starting one."""
-    ks = sorted(set(cfg.ttt_steps_sweep or [k_main]))
+    ks = sorted(set(cfg.ttt_steps_sweep or [ttt_steps]))
     key = {**vkey, "concurrency_sweep": sorted(cfg.concurrency_sweep), "grid_repeats": cfg.grid_repeats}
     measured = {0: _phase(cfg, vcfg, model_path, out_dir, prompts, "grid_k0", {**key, "which": "grid_k0",
                                                                                  "url": urls.get("base")},
                           urls.get("base"), None)}
     for k in ks:
-        url = urls.get("spec") if k == k_main else None
+        url = urls.get("spec") if k == ttt_steps else None
         measured[k] = _phase(cfg, vcfg, model_path, out_dir, prompts, f"grid_k{k}", {**key, "which": f"grid_k{k}",
                                                                                       "ttt_steps": k, "url": url},
                              url, scheduled_config(ckpt, k))
