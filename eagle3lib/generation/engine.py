@@ -47,7 +47,7 @@ from eagle3lib.data.prompt_set import Prompts, load_prompts
 from eagle3lib.data.records import FINAL_STATUSES, STATUSES, ReadStats, ShardWriter, latest_records, list_shards
 from eagle3lib.generation.records import GenerateError, make_record
 from eagle3lib.generation.run_key import KEY_FILE, check_run_key, run_key
-from eagle3lib.vllm.client import RetryPolicy, ServerDown, chat_payload, chat_with_retries
+from eagle3lib.vllm.client import RetryPolicy, ServerDown, ServerUnreachable, chat_payload, chat_with_retries
 from eagle3lib.vllm.dispatch import Lane, dispatch, shares
 from eagle3lib.vllm.endpoint import Endpoint, ServerError, http_client, verifier_endpoint
 from eagle3lib.vllm.server import VLLMServer, verifier_endpoint_for_stage
@@ -216,8 +216,11 @@ def generate(cfg: GenerateConfig, verifier_cfg: VerifierConfig, out_dir: str | P
                     urls = [_strip_secrets(e.base_url) for e in endpoints]
                     figures["server_url"] = urls[0] if len(urls) == 1 else urls
                     while pending:  # turns "all": one round per turn, each from the previous round's answers
-                        wall += run_coroutine(_answer_all(pending, endpoints, cfg, writer, stats, server,
-                                                          cfg.server_restarts))
+                        try:
+                            wall += run_coroutine(_answer_all(pending, endpoints, cfg, writer, stats, server,
+                                                              cfg.server_restarts))
+                        except ServerUnreachable as e:  # the vLLM layer knows the wait, not the key that set it
+                            raise ServerUnreachable(f"{e} [generate.server_down_wait_s]") from None
                         sent = {c.id for c in pending}
                         latest = latest_records(out_dir)
                         pending = [c for c in to_send(prompts, latest, done_statuses) if c.id in sent

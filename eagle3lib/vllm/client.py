@@ -156,7 +156,7 @@ async def chat_with_retries(http: httpx.AsyncClient, payload: dict[str, Any], po
             if now - down_since >= policy.server_down_wait_s:
                 raise ServerUnreachable(
                     f"verifier server {http.base_url} unreachable for {now - down_since:.0f} s "
-                    f"(generate.server_down_wait_s={policy.server_down_wait_s:g}): {_describe(e)}") from e
+                    f"(the wait allowed: {policy.server_down_wait_s:g} s): {_describe(e)}") from e
             if on_retry:
                 on_retry("connect")
             await asyncio.sleep(policy.delay(retry))

@@ -6,7 +6,7 @@ prompts sooner and takes more of them from the shared queue). A prompt belongs t
 worker that got its answer records it, so nothing is answered twice:
 
 - One server: requests retry per `eagle3lib.vllm.client` (a server that is down is waited for, up to
-  generate.server_down_wait_s), exactly as without this module.
+  the caller's wait: generate.server_down_wait_s), exactly as without this module.
 - Several servers: a refused connection means that server is down. Its worker puts the prompt back at the head of
   the queue (another server answers it), and the lane's workers stop taking prompts and probe its /health every few
   seconds; a server that comes back (restarted by its operator) takes prompts again. Requests that die mid-flight
@@ -83,7 +83,7 @@ async def dispatch(items: list[Any], lanes: list[Lane], send: Callable[[Lane, An
             if lane.down_since is not None:
                 if all_down_too_long():
                     raise ServerUnreachable(f"every verifier server ({', '.join(x.url for x in lanes)}) refused "
-                                            f"connections for {down_wait_s:g} s (generate.server_down_wait_s)")
+                                            f"connections for {down_wait_s:g} s (the wait allowed)")
                 await asyncio.sleep(PROBE_S)
                 if lane.down_since is not None and await _probe(lane):
                     lane.down_since = None  # back: take prompts again

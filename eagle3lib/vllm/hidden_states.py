@@ -88,8 +88,8 @@ class VLLMExtractor:
                  extra_args: list[str] | None = None, max_position_embeddings: int | None = None,
                  staging_budget: int | None = None, hidden_size: int = 0):
         if verifier_cfg.server_url:
-            raise ValueError("extract.backend=vllm starts its own server (the hidden states are written to its local disk); "
-                             "unset verifier.server_url or use extract.backend=hf")
+            raise ValueError("vLLM hidden-state extraction starts its own server (the hidden states are written to its "
+                             "local disk): unset verifier.server_url, or extract with HF")
         self.work_dir = Path(work_dir)
         # the staging area: the connector's files wait here until read; staging_budget bounds its bytes (online training)
         self.storage = self.work_dir / "vllm-hidden-scratch"
@@ -217,7 +217,7 @@ class VLLMExtractor:
                     need = self.file_bytes(len(s)) if self.staging_budget else 0
                     if self.staging_budget and need > self.staging_budget:
                         raise ServerError(f"sample {s.id!r}: its hidden states ({need:,} bytes) exceed the staging "
-                                          f"budget ({self.staging_budget:,} bytes, train.staging_budget_gb)")
+                                          f"budget ({self.staging_budget:,} bytes)")
                     while window and (len(window) >= self.concurrency or
                                       (self.staging_budget and sum(w[2] for w in window) + need > self.staging_budget)):
                         s0, f0, _ = window.popleft()  # the producer waits: the budget is full
