@@ -138,3 +138,23 @@ def test_the_readme_stays_a_front_page():
     """The README is what a newcomer reads first: at most 120 lines; results history lives in docs/results.md."""
     lines = (ROOT / "README.md").read_text().splitlines()
     assert len(lines) <= 120, f"README.md has {len(lines)} lines; move detail to docs/"
+
+
+FIGURE = re.compile(r"\b\d+(\.\d+)?x\b|tokens/s|\btau\b.*\d\.\d\d")  # a speedup, a throughput or an acceptance length
+SOURCE = re.compile(r"\.venv/bin/python|make [a-z]|python -m eagle3lib|eagle3lib (run|init|params|export)|--stages|"
+                    r"benchmarks/|https?://|^Source: ", re.M)  # the command that measures it, or where it was published
+
+
+def test_a_figure_in_the_docs_says_how_it_was_measured():
+    """Every section of docs/ that states a measured figure names the command that reproduces it (or, for a figure
+    measured elsewhere, its published source). results.md is the lab notebook: its entries carry theirs one by one."""
+    missing = []
+    for page in sorted((ROOT / "docs").rglob("*.md")):
+        if page.name == "results.md" or "reference" in page.parts:
+            continue
+        for section in re.split(r"\n(?=#{1,4} )", page.read_text()):
+            lines = section.split("\n")
+            measured = any(FIGURE.search(line) and re.search(r"\d", line) for line in lines)
+            if measured and not SOURCE.search(section):
+                missing.append(f"{page.relative_to(ROOT)}: {lines[0][:80]}")
+    assert not missing, "sections with figures and no command or source:\n" + "\n".join(missing)
