@@ -20,7 +20,7 @@ LAYERS = {
     "data": 2, "kernels": 2, "tiny": 2,
     "model": 3, "vllm": 3, "trackers": 3,
     "generation": 4, "extraction": 4, "training": 4, "evaluation": 4, "analysis": 4,
-    "reports": 5,
+    "reports": 5, "studies": 5,
     "stages": 6,
     "pipeline": 7,
     "__main__": 8,

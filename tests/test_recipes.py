@@ -1,5 +1,5 @@
 # .venv/bin/python -m pytest -q tests/test_recipes.py
-"""The recipes stage (eagle3lib/stages/recipes.py): recipes checked by name, the train stage's own run reused for the
+"""The recipes stage (eagle3lib/studies/recipes.py): recipes checked by name, the train stage's own run reused for the
 recipe it already is, DFlash checkpoints accepted by evaluate.drafters' checks (and a mismatched one refused), and the
 stage on the tests' store: DFlash trained and served by vLLM (greedy and sampled) beside the verifier alone, greedy
 answers identical, its vLLM tau the library's on the same prompts, and a rerun that trains and serves nothing."""
@@ -41,7 +41,9 @@ def test_the_train_stages_own_run_is_the_recipe_it_already_is(tiny_verifier, tra
     """The shared drafter trained with the default loss: recipe kl is that run (nothing trained), not so eagle3.1."""
     run = _run(tmp_path, tiny_verifier, train_dir)
     ctx = open_stage("recipes", "tiny", run, {**SHARED_TRAIN, "train.log_every": 7})  # bookkeeping: still the same
-    got = recipes._train_chain(ctx, "kl", echo=print)
+    from eagle3lib.studies.recipes import _train_chain
+
+    got = _train_chain(ctx, "kl", echo=print)
     assert got["source"] == "the train stage" and got["dir"] == run / "train" and got["parameters"] > 0
     other = open_stage("train", "tiny", run, {**SHARED_TRAIN, **ctx.cfg.overrides("eagle3.1")})
     from eagle3lib.training.variants import finished_with
