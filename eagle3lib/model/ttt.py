@@ -164,19 +164,13 @@ class TTTModel(nn.Module):
         """(target logits on the draft vocab [N, Vd] fp32, verifier argmax over the full vocab [N]) of final [N, H]."""
         x = self.normed(final)
         ids = self.drafter.draft_ids
+        draft_only = self.training and self.target_logits == "draft"  # argmax within the draft vocab then
+        W = self.target_head_draft if draft_only else self.target_head_full
         tl, am = [], []
-        if self.training and self.target_logits == "draft":  # the draft rows only: argmax within the draft vocab
-            W = self.target_head_draft
-            for s in range(0, max(1, x.shape[0]), chunk):
-                part = (x[s : s + chunk].to(W.dtype) @ W.t()).float()
-                am.append(ids[part.argmax(-1)])
-                tl.append(part)
-            return torch.cat(tl), torch.cat(am)
-        W = self.target_head_full
         for s in range(0, max(1, x.shape[0]), chunk):  # once at least: a micro-batch may have no counted position
-            full = x[s : s + chunk].to(W.dtype) @ W.t()
-            am.append(full.argmax(-1))
-            tl.append(full[:, ids].float())
+            z = x[s : s + chunk].to(W.dtype) @ W.t()
+            am.append(ids[z.argmax(-1)] if draft_only else z.argmax(-1))
+            tl.append((z if draft_only else z[:, ids]).float())
         return torch.cat(tl), torch.cat(am)
 
     def forward(self, mb: MicroBatch, denominators: torch.Tensor, loss_scale: float = 1.0, sample_stats: bool = False):

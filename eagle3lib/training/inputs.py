@@ -8,7 +8,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from eagle3lib.config.extract import ExtractConfig
 from eagle3lib.config.train import TrainConfig
 from eagle3lib.config.verifier import VerifierConfig
 from eagle3lib.data.hidden_store import HiddenStateReader, StoreError
@@ -37,7 +36,7 @@ class TrainInputs:
     vocab: DraftVocab
 
 
-def load_inputs(cfg: TrainConfig, vcfg: VerifierConfig, ecfg: ExtractConfig, store_dir: Path,
+def load_inputs(cfg: TrainConfig, vcfg: VerifierConfig, store_dir: Path,
                 out_dir: Path) -> TrainInputs:
     model_path = resolve_model(vcfg.model)
     vconf = load_config(model_path, vcfg.trust_remote_code)

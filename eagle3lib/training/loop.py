@@ -107,7 +107,7 @@ class Trainer:
 
     # ------------------------------------------------------------------------------------------------------ setup
     def _inputs(self, ctx: StageContext, vcfg: VerifierConfig) -> None:
-        inp = load_inputs(self.cfg, vcfg, ctx.profile.section("extract"), ctx.stage_dir("extract"), self.out_dir)
+        inp = load_inputs(self.cfg, vcfg, ctx.stage_dir("extract"), self.out_dir)
         self.model_path, self.vconf, self.aux_ids, self.drafter_layer = inp.model_path, inp.vconf, inp.aux_ids, \
             inp.drafter_layer
         self.reader, self.store_dir, self.lengths, self.split = inp.reader, inp.store_dir, inp.lengths, inp.split
