@@ -38,7 +38,8 @@ def main(argv: list[str] | None = None) -> int:
     e = sub.add_parser("export", help="write a drafter checkpoint in another layout (speculators or eagle)")
     e.add_argument("checkpoint", help="a drafter folder, either layout (e.g. runs/demo/train/final)")
     e.add_argument("--layout", required=True, choices=["speculators", "eagle"])
-    e.add_argument("--out", required=True, help="the folder to write (replaced atomically)")
+    e.add_argument("--out", required=True, help="the folder to write: new, empty, or an earlier checkpoint (replaced "
+                   "atomically); a folder holding anything else is refused")
     i = sub.add_parser("import", help="an EAGLE-layout drafter into the speculators layout (= export --layout speculators)")
     i.add_argument("checkpoint")
     i.add_argument("--out", required=True)

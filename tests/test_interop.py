@@ -141,8 +141,33 @@ def test_folders_that_are_not_drafters_are_refused_by_name(tmp_path, capsys):
     assert not marker.exists()
 
     code, err = _cli(capsys, "export", str(spec), "--layout", "eagle", "--out", str(spec))
-    assert code == 2 and "the output folder is the input folder" in err
+    assert code == 2 and "the output folder holds the input" in err
     assert not Path(out).exists()
+
+
+def test_export_never_replaces_a_folder_that_is_not_a_checkpoint(tmp_path, capsys):
+    """`export RUN/train/final --out RUN/train` replaced the whole train folder (checkpoints, metrics, manifest) with
+    two files. Now: a folder holding the input, or anything but a checkpoint's files, is refused and left as it was;
+    an earlier export is replaced."""
+    from test_bad_inputs import tree_digest
+
+    train = tmp_path / "train"
+    spec = _small_drafter(train)  # train/<drafter>: the drafter inside a run's train folder
+    (train / "metrics.jsonl").write_text("{}\n")
+    (train / "checkpoints" / "step-1").mkdir(parents=True)
+    before = tree_digest(train)
+    code, err = _cli(capsys, "export", str(spec), "--layout", "eagle", "--out", str(train))
+    assert code == 2 and f"{train}: the output folder holds the input" in err
+    notes = tmp_path / "notes"
+    (notes / "sub").mkdir(parents=True)
+    (notes / "todo.txt").write_text("mine")
+    code, err = _cli(capsys, "export", str(spec), "--layout", "eagle", "--out", str(notes))
+    assert code == 2 and "exists and is not a drafter checkpoint (it holds sub/, todo.txt)" in err
+    assert tree_digest(train) == before and (notes / "todo.txt").read_text() == "mine"
+    out = tmp_path / "eagle"
+    assert _cli(capsys, "export", str(spec), "--layout", "eagle", "--out", str(out))[0] == 0
+    assert _cli(capsys, "export", str(spec), "--layout", "eagle", "--out", str(out))[0] == 0  # an earlier export
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]
 
 
 # ----------------------------------------------------------------------------------------- continuing a drafter

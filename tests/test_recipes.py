@@ -37,6 +37,19 @@ def test_recipes_are_checked_by_name(tmp_path):
     assert ctx.cfg.overrides("peagle") == {"train.parallel_drafting": True} and ctx.cfg.overrides("dflash") == {}
 
 
+def test_a_variant_trains_only_inside_the_studys_own_folder(tmp_path):
+    """A recipe named "../train" deleted the run's own training and trained in its place: whatever a name holds, a
+    study's variant folder (which it may delete) must be inside the study's folder."""
+    from eagle3lib.training.variants import train_variant
+
+    (tmp_path / "train").mkdir()
+    (tmp_path / "train" / "metrics.jsonl").write_text("{}\n")
+    ctx = open_stage("recipes", "tiny", tmp_path)
+    with pytest.raises(ValueError, match=r"recipe x: its folder .*/recipes/\.\./train is not inside .*/recipes"):
+        train_variant(ctx, ctx.dir / ".." / "train", {}, "recipe x")
+    assert (tmp_path / "train" / "metrics.jsonl").exists()
+
+
 def test_the_train_stages_own_run_is_the_recipe_it_already_is(tiny_verifier, train_dir, tmp_path):
     """The shared drafter trained with the default loss: recipe kl is that run (nothing trained), not so eagle3.1."""
     run = _run(tmp_path, tiny_verifier, train_dir)

@@ -62,16 +62,12 @@ def test_forced_rerun_that_fails_restores_the_finished_outputs(tmp_path):
 
 
 def test_stale_downstream_stage_is_redone_only_after_a_completed_upstream(tmp_path):
-    import time
-
     from eagle3lib.core.manifest import StageTimer, update_manifest
     from eagle3lib.pipeline.runner import stale_reason
 
     run = tmp_path / "run"
     _complete_stage(run, "generate", {"shard-00000.jsonl": "{}\n"})
-    time.sleep(1.1)
     _complete_stage(run, "extract", {"store.json": "{}"})
-    time.sleep(1.1)
     StageTimer(run / "generate", {})  # a later attempt of generate...
     update_manifest(run / "generate", status="failed", finished_at="2099-01-01T00:00:00+00:00")  # ...that failed
     assert stale_reason(run, "extract") is None
@@ -81,28 +77,25 @@ def test_stale_downstream_stage_is_redone_only_after_a_completed_upstream(tmp_pa
 
 def test_a_repaired_store_does_not_make_training_stale(tmp_path):
     """A complete extract whose store was damaged is run again to redo what is missing (same inputs, same data): its
-    completion time stays the original, so a finished training is not counted stale and trained again from scratch."""
-    import time
-
+    output id stays the original, so a finished training is not counted stale and trained again from scratch."""
     from eagle3lib.core.manifest import StageTimer, read_manifest
     from eagle3lib.pipeline.runner import keep_data_time, stale_reason
 
     run = tmp_path / "run"
     _complete_stage(run, "extract", {"store.json": "{}"})
-    time.sleep(1.1)
     _complete_stage(run, "train", {"final/model.safetensors": "weights"})
     before = read_manifest(run / "extract")
-    time.sleep(1.1)
     StageTimer(run / "extract", {}).finish({"samples": 1})  # the repair run
     assert "extract was re-run after it" in stale_reason(run, "train")  # what a plain re-run would mean
     keep_data_time(run / "extract", before)
     after = read_manifest(run / "extract")
-    assert stale_reason(run, "train") is None and after["completed_at"] == before["completed_at"] and after["repaired_at"]
+    assert stale_reason(run, "train") is None and after["output_id"] == before["output_id"] and after["repaired_at"]
 
 
 @pytest.mark.parametrize(("manifest", "expected"), [
     ("[]", r"extract/manifest.json: damaged \(a JSON list where a manifest object belongs\)"),
-    ('{"status": "complete", "completed_at": 5}', r"extract/manifest.json: completed_at is 5, not an ISO time"),
+    ('{"status": "complete", "params": []}', r"extract/manifest.json: damaged \(params is a JSON list, not an object\)"),
+    ('{"status": "complete", "output_id": 5}', r"extract/manifest.json: damaged \(output_id is a JSON int, not a string"),
 ])
 def test_a_damaged_upstream_manifest_is_an_error_and_deletes_nothing(capsys, tmp_path, manifest, expected):
     """A manifest of the wrong shape was read as "no manifest": extract re-ran with 0 samples and the train stage, its

@@ -64,20 +64,25 @@ def test_stage_runs_then_is_skipped_and_index_links_it(tiny_verifier, tmp_path):
     assert r3.returncode == 0 and "verifier: complete in" in r3.stderr
 
 
-def test_a_stage_older_than_its_input_is_stale(tmp_path):
-    """`--stages train --force` re-makes the drafter: the evaluation of the old one must not be skipped as complete."""
+def test_a_stage_is_stale_when_its_input_was_made_again_whatever_the_clocks_say(tmp_path):
+    """`--stages train --force` re-makes the drafter: the evaluation of the old one must not be skipped as complete.
+    And the reverse: a clock that steps (NTP), or stages run on two machines, once made a generate manifest completed
+    "after" extract started, and extract then redid everything and a finished drafter was deleted. Ids, not times."""
+    from eagle3lib.core.manifest import StageTimer, update_manifest
     from eagle3lib.pipeline.runner import stale_reason
 
-    def manifest(stage, started, finished):
-        (tmp_path / stage).mkdir(exist_ok=True)
-        (tmp_path / stage / "manifest.json").write_text(json.dumps(
-            {"stage": stage, "status": "complete", "started_at": started, "finished_at": finished}))
+    def complete(stage):
+        StageTimer(tmp_path / stage, {}).finish({})
 
-    manifest("train", "2026-11-30T10:00:00+00:00", "2026-11-30T10:05:00+00:00")
-    manifest("evaluate", "2026-11-30T10:06:00+00:00", "2026-11-30T10:10:00+00:00")
+    complete("train")
+    complete("evaluate")
     assert stale_reason(tmp_path, "evaluate") is None
     assert stale_reason(tmp_path, "train") is None  # no extract manifest: nothing to compare with
-    manifest("train", "2026-11-30T11:00:00+00:00", "2026-11-30T11:05:00+00:00")  # re-trained
+    # the clocks disagree: the input "completed" an hour after its user started, yet it is the same output
+    update_manifest(tmp_path / "train", completed_at="2099-01-01T00:00:00+00:00", finished_at="2099-01-01T00:00:00")
+    update_manifest(tmp_path / "evaluate", started_at="2000-01-01T00:00:00")  # no time zone: never compared
+    assert stale_reason(tmp_path, "evaluate") is None
+    complete("train")  # re-trained
     assert "train was re-run after it" in stale_reason(tmp_path, "evaluate")
     assert stale_reason(tmp_path, "verifier") is None  # the verifier report feeds no stage
 

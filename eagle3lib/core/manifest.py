@@ -2,14 +2,19 @@
 
 Layout: {"stage", "status" (running|complete|failed|interrupted), "profile", "params" (the stage section as run),
 "verifier", "started_at", "finished_at" (of the last attempt, failed ones too), "completed_at" (of the last attempt that
-completed: what a downstream stage's staleness is judged by), "wall_s", "figures" (counts, timings, throughputs: stage-specific), "outputs" (paths
-relative to the stage dir), "error"}. Written atomically, so a reader never sees half a manifest.
+completed), "output_id" (a fresh id each time the stage completes with new outputs), "input_ids" (the output_id of
+the input stage when this attempt started), "wall_s", "figures" (counts, timings, throughputs: stage-specific),
+"outputs" (paths relative to the stage dir), "error"}. Written atomically, so a reader never sees half a manifest.
+
+Staleness is decided by ids, never by clocks: a downstream stage is stale when the output_id it started from is not
+its input's current one. Timestamps from two machines (or one NTP step) cannot be compared; an id either matches or not.
 """
 
 from __future__ import annotations
 
 import json
 import time
+import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -20,6 +25,12 @@ from eagle3lib.core.atomic import write_json_atomic
 T = TypeVar("T")
 
 MANIFEST = "manifest.json"
+# What each stage consumes: a stage whose recorded input id is not its input's current output_id is stale.
+INPUT_STAGE = {"extract": "generate", "train": "extract", "evaluate": "train"}
+
+
+# the fields the runner reads: a damaged one is named here, not met as a Python error in whatever reads it first
+FIELD_TYPES = {"status": str, "params": dict, "figures": dict, "outputs": dict, "input_ids": dict, "output_id": str}
 
 
 def now_iso() -> str:
@@ -38,19 +49,12 @@ def read_manifest(stage_dir: str | Path) -> dict[str, Any] | None:
         # never read as "no manifest": that would redo the stage and count its downstream stages as stale (deleted)
         raise ValueError(f"{path}: damaged (a JSON {type(m).__name__} where a manifest object belongs); restore it, "
                          "or move the stage folder away to redo the stage")
+    for key, kind in FIELD_TYPES.items():
+        if m.get(key) is not None and not isinstance(m[key], kind):
+            raise ValueError(f"{path}: damaged ({key} is a JSON {type(m[key]).__name__}, not "
+                             f"{'an object' if kind is dict else 'a string'}); restore it, or move the stage folder away "
+                             "to redo the stage")
     return m
-
-
-def manifest_time(m: dict[str, Any], key: str, stage_dir: str | Path) -> datetime | None:
-    """The manifest's timestamp `key` (None when absent); a damaged one is an error naming the file and key."""
-    value = m.get(key)
-    if value is None:
-        return None
-    try:
-        return datetime.fromisoformat(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{Path(stage_dir) / MANIFEST}: {key} is {value!r}, not an ISO time; restore it, or move the "
-                         "stage folder away to redo the stage") from None
 
 
 def update_manifest(stage_dir: str | Path, **fields: Any) -> dict[str, Any]:
@@ -74,25 +78,35 @@ def clear_results(stage_dir: str | Path) -> None:
         write_json_atomic(Path(stage_dir) / MANIFEST, {k: v for k, v in m.items() if k not in ("figures", "outputs")})
 
 
+def input_ids(stage_dir: str | Path) -> dict[str, str]:
+    """{input stage: its output_id} for the stage in `stage_dir` (a stage of a run: RUN_DIR/<stage>); {} when it has
+    no input stage or the input has not completed with an id."""
+    stage_dir = Path(stage_dir)
+    upstream = INPUT_STAGE.get(stage_dir.name)
+    m = read_manifest(stage_dir.parent / upstream) if upstream else None
+    return {upstream: m["output_id"]} if m and m.get("status") == "complete" and m.get("output_id") else {}
+
+
+def completion(**fields: Any) -> dict[str, Any]:
+    """The manifest fields of a stage completing with new outputs: a fresh output_id tells its downstream stages."""
+    now = now_iso()
+    return {"status": "complete", "finished_at": now, "completed_at": now, "output_id": uuid.uuid4().hex, **fields}
+
+
 class StageTimer:
-    """Marks a stage running on entry and complete (with wall time) on `finish`; failures are marked by the runner."""
+    """Marks a stage running on entry (with the input ids it starts from) and complete (with wall time and a new
+    output_id) on `finish`; failures are marked by the runner."""
 
     def __init__(self, stage_dir: str | Path, params: dict[str, Any] | None = None, **extra: Any):
         self.stage_dir = Path(stage_dir)
         self.stage_dir.mkdir(parents=True, exist_ok=True)
         self.t0 = time.time()
-        update_manifest(self.stage_dir, status="running", started_at=now_iso(), params=params or {}, error=None, **extra)
+        update_manifest(self.stage_dir, status="running", started_at=now_iso(), params=params or {}, error=None,
+                        input_ids=input_ids(self.stage_dir), **extra)
 
     def finish(self, figures: dict[str, Any], outputs: dict[str, Any] | None = None) -> dict[str, Any]:
-        return update_manifest(
-            self.stage_dir,
-            status="complete",
-            finished_at=(now := now_iso()),
-            completed_at=now,
-            wall_s=round(time.time() - self.t0, 2),
-            figures=figures,
-            outputs=outputs or {},
-        )
+        return update_manifest(self.stage_dir, **completion(wall_s=round(time.time() - self.t0, 2), figures=figures,
+                                                            outputs=outputs or {}))
 
 
 def timed_stage(stage_dir: Path, params: dict[str, Any], body: Callable[[StageTimer], T]) -> T:

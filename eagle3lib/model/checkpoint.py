@@ -144,6 +144,21 @@ def drafter_tensors(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return out
 
 
+def check_replaceable(out_dir: Path) -> None:
+    """A checkpoint replaces only a folder that is a checkpoint: its own files, no subfolder. `export RUN/train/final
+    --out RUN/train` once replaced the whole train folder (checkpoints, best/, metrics, manifest) with two files."""
+    if not out_dir.exists():
+        return
+    if not out_dir.is_dir():
+        raise CheckpointError(f"{out_dir}: exists and is not a folder; choose another output folder")
+    others = sorted(p.name + ("/" if p.is_dir() else "") for p in out_dir.iterdir()
+                    if p.is_dir() or not (p.name in ("model.safetensors", TRAINING_STATE) or p.suffix == ".json"))
+    if others:
+        shown = ", ".join(others[:5]) + (f" and {len(others) - 5} more" if len(others) > 5 else "")
+        raise CheckpointError(f"{out_dir}: exists and is not a drafter checkpoint (it holds {shown}); nothing was "
+                              "written: choose a new or empty output folder")
+
+
 def save_drafter(state: dict[str, torch.Tensor], cfg: DrafterConfig, out_dir: str | Path,
                  training_state: dict[str, Any] | None = None, extra_files: dict[str, Any] | None = None,
                  layout: str | None = None) -> Path:
@@ -153,6 +168,7 @@ def save_drafter(state: dict[str, torch.Tensor], cfg: DrafterConfig, out_dir: st
     from safetensors.torch import save_file
 
     out_dir = Path(out_dir)
+    check_replaceable(out_dir)
     layout = layout or default_layout(cfg)
     tensors = {k: v.detach().to("cpu").contiguous() for k, v in drafter_tensors(state).items()}
     tensors.pop("embed_tokens", None)

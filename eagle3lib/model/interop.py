@@ -49,8 +49,8 @@ def convert_drafter(src: str | Path, layout: str, out: str | Path) -> Path:
     if layout not in LAYOUTS:
         raise CheckpointError(f"--layout {layout!r}: expected one of {', '.join(LAYOUTS)}")
     src, out = Path(src), Path(out)
-    if out.resolve() == src.resolve():
-        raise CheckpointError(f"{out}: the output folder is the input folder; choose another --out")
+    if out.resolve() == src.resolve() or out.resolve() in src.resolve().parents:
+        raise CheckpointError(f"{out}: the output folder holds the input ({src}); choose another --out")
     cfg = read_config(src)
     return save_drafter(load_state(src), cfg, out, layout=layout)
 

@@ -20,7 +20,7 @@ from typing import Any
 from eagle3lib.config.profile import Profile, load_profile
 from eagle3lib.config.stages import STAGES, Stage, default_stages, existing_stages, get_stage, stage_params
 from eagle3lib.core.atomic import write_json_atomic
-from eagle3lib.core.manifest import manifest_time, now_iso, read_manifest, update_manifest
+from eagle3lib.core.manifest import INPUT_STAGE, now_iso, read_manifest, update_manifest
 from eagle3lib.core.paths import NOTEBOOKS_DIR, REPO_ROOT
 from eagle3lib.core.progress import HEADLESS_ENV
 from eagle3lib.core.stage_lock import stage_lock
@@ -118,25 +118,20 @@ def run_stage(stage: Stage, profile: str, run_dir: Path, overrides: dict[str, An
     update_manifest(stage_dir, **fields)
 
 
-# What each stage consumes: a stage finished before its input was re-made is stale.
-INPUT_STAGE = {"extract": "generate", "train": "extract", "evaluate": "train"}
-
-
 def stale_reason(run_dir: Path, name: str) -> str | None:
-    """Why the complete stage `name` no longer matches its input (None if it does): its input stage completed again
-    after it started. A failed or interrupted attempt of the input stage does not count (its data is unchanged or,
-    resumed, still to be completed)."""
+    """Why the complete stage `name` no longer matches its input (None if it does): it started from another output of
+    its input stage than the one there now (the input completed again since: re-run, forced, or made on another
+    machine). Ids, not clocks: a clock stepped by NTP, or two machines' clocks, once made a finished 363-step drafter
+    count as stale and retrained. A failed or interrupted attempt of the input stage does not count (its data is
+    unchanged or, resumed, still to be completed); a stage made before ids were recorded is never called stale."""
     upstream = INPUT_STAGE.get(name)
     mine = read_manifest(run_dir / name)
     theirs = read_manifest(run_dir / upstream) if upstream else None
-    started = manifest_time(mine, "started_at", run_dir / name) if mine else None
-    if not (started and theirs):
+    if not (mine and theirs) or theirs.get("status") != "complete":
         return None
-    completed = manifest_time(theirs, "completed_at", run_dir / upstream)
-    if completed is None and theirs.get("status") == "complete":
-        completed = manifest_time(theirs, "finished_at", run_dir / upstream)
-    if completed and completed > started:
-        return f"{upstream} was re-run after it ({completed.isoformat()})"
+    used, now = (mine.get("input_ids") or {}).get(upstream), theirs.get("output_id")
+    if used and now and used != now:
+        return f"{upstream} was re-run after it (its outputs are {now[:8]}, this stage used {used[:8]})"
     return None
 
 
@@ -348,7 +343,8 @@ def check_writable(stage_dir: Path) -> None:
 
 
 def keep_data_time(stage_dir: Path, before: dict[str, Any]) -> None:
-    """After a repair (the damaged part made again from the same inputs) the stage's data is what it was: its
-    completion time stays the original one, so the stages downstream are not counted stale and redone from scratch."""
-    if before.get("completed_at"):
-        update_manifest(stage_dir, completed_at=before["completed_at"], repaired_at=now_iso())
+    """After a repair (the damaged part made again from the same inputs) the stage's data is what it was: its output
+    id and completion time stay the original ones, so the stages downstream are not counted stale and redone."""
+    kept = {k: before[k] for k in ("output_id", "completed_at") if before.get(k)}
+    if kept:
+        update_manifest(stage_dir, **kept, repaired_at=now_iso())

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from eagle3lib.core.manifest import now_iso, update_manifest
+from eagle3lib.core.manifest import completion, update_manifest
 from eagle3lib.model.checkpoint import save_drafter
 from eagle3lib.training import distributed as dist
 from eagle3lib.training.best import SELECTION
@@ -49,8 +49,7 @@ def finish(t: Trainer, log: Callable[[str], None]) -> dict[str, Any]:
     if t.trackers.errors:
         figures["tracker_errors"] = len(t.trackers.errors)
     m = (t.timer.finish(figures, outputs) if t.timer else
-         update_manifest(t.out_dir, status="complete", figures=figures, outputs=outputs,
-                         finished_at=(now := now_iso()), completed_at=now))
+         update_manifest(t.out_dir, **completion(figures=figures, outputs=outputs)))
     update_manifest(t.out_dir, resume_from=None, error=None, tracker_errors=t.trackers.errors or None)
     log(f"done: {t.progress.step} steps, tau_est {figures['tau_est']}, val_tau_est {figures['val_tau_est']}; "
         f"checkpoint {final_dir.name}/")

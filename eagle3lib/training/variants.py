@@ -48,7 +48,11 @@ def outcome_lines(echo):
 def train_variant(ctx: StageContext, out: Path, over: dict[str, Any], what: str,
                   echo=print) -> tuple[dict[str, Any], bool]:
     """(manifest, reused) of the train stage run in `out` with the profile's overrides plus `over`; `what` names it in
-    the console line."""
+    the console line. `out` must be inside the calling stage's own folder: a variant's folder may be deleted (another
+    recipe's run there), and a recipe once named "../train" deleted the run's own training."""
+    if ctx.dir.resolve() not in out.resolve().parents:
+        raise ValueError(f"{what}: its folder {out} is not inside {ctx.dir} (a recipe or fraction name must not be a "
+                         "path)")
     tctx = open_stage("train", ctx.profile.path, ctx.run_dir, {**ctx.profile.overrides, **over}, say=lambda _m: None,
                       out_dir=out)
     if m := finished_with(out, tctx.manifest_params()):
