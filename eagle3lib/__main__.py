@@ -57,6 +57,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         if args.cmd == "run":
+            from eagle3lib.core.paths import started_here
             from eagle3lib.pipeline.runner import StageFailed, run_pipeline
 
             stages = [s.strip() for s in args.stages.split(",") if s.strip()] if args.stages is not None else None
@@ -66,15 +67,20 @@ def main(argv: list[str] | None = None) -> int:
                 args.run_dir = str(REPO_ROOT / "runs" / "demo")
                 print(f"run directory: {args.run_dir} (the default; choose one with --run-dir)", file=sys.stderr)
             try:
-                run_pipeline(args.profile, args.run_dir, stages, parse_set(args.overrides), args.force)
+                with started_here():  # the stage notebooks start in the repository, not here
+                    run_pipeline(args.profile, args.run_dir, stages, parse_set(args.overrides), args.force)
             except StageFailed as e:
                 print(f"error: {e}", file=sys.stderr)
                 return 1
-            except KeyboardInterrupt:
+            except KeyboardInterrupt as e:
                 # Each stage keeps what it finished (shards, checkpoints) and resumes from it; a traceback from
-                # papermill's event loop would only hide that.
-                print(f"\ninterrupted: run the same command again to resume ({args.run_dir})", file=sys.stderr)
-                return 130
+                # papermill's event loop would only hide that. Interrupted (core/stop.py) carries the signal's name.
+                from eagle3lib.core.stop import Interrupted
+
+                how = e if isinstance(e, Interrupted) else Interrupted(2)
+                print(f"\ninterrupted by {how.name}: run the same command again to resume ({args.run_dir})",
+                      file=sys.stderr)
+                return how.exit_code
         elif args.cmd == "params":
             prof = load_profile(args.profile, parse_set(args.overrides))
             print(json.dumps({"profile": str(prof.path), **prof.as_dict()}, indent=2))

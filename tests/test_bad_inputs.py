@@ -54,6 +54,9 @@ PARAM_CASES = [  # (--set value, what the one-line message must contain)
     ("generate.concurrency=0", "'generate.concurrency': Input should be greater than or equal to 1"),
     ("generate.temperature=-1", "'generate.temperature': Input should be greater than or equal to 0"),
     ("generate.extra_body={model: x}", "are set by the stage itself"),
+    # across sections: every request would come back HTTP 400 (the stage used to say "complete" all the same)
+    ("generate.max_tokens=4096", "generate.max_tokens (4096) must be below verifier.max_model_len (2048): the server "
+                                 "refuses every request"),
     ("extract.max_sample_tokens=4", "'extract.max_sample_tokens': Input should be greater than or equal to 8"),
     ("extract.max_seq_len=100", "'extract.max_seq_len' is now called 'extract.max_sample_tokens'"),
     ("train.max_seq_len=100", "'train.max_seq_len' is now called 'train.packed_row_tokens'"),
@@ -173,7 +176,7 @@ def test_a_missing_dataset_fails_before_the_verifier_server_starts(capsys, tmp_p
     code, err = cli(capsys, "run", "--run-dir", str(run), "--stages", "generate,extract", "--set",
                     f"generate.dataset={tmp_path / 'none.jsonl'}", "--set", "extract.source=data/absent.jsonl")
     assert code == 2 and f"generate.dataset: no such file: {tmp_path / 'none.jsonl'}" in err, err
-    assert "extract.source: no such file: data/absent.jsonl" in err and not run.exists()
+    assert f"extract.source: no such file: {Path.cwd() / 'data/absent.jsonl'}" in err and not run.exists()
 
 
 def test_a_global_batch_the_processes_cannot_share_is_a_parameter_error(capsys):

@@ -139,6 +139,16 @@ def test_hardware_table(tmp_path):
         get_row(table, "h100")
 
 
+def test_hardware_table_refuses_a_row_given_twice(tmp_path):
+    """Plain YAML keeps the last of two rows of one name without a word: the table names the file, the row and both
+    lines, as a profile does."""
+    row = "    gpu: X\n    count: 8\n    bf16_tflops: 1\n    mem_bw_tbs: 1\n    mem_gb: 1\n    usd_per_hour: 1\n"
+    bad = tmp_path / "hw.yaml"
+    bad.write_text(f"hardware:\n  x:\n{row}  y:\n{row}  x:\n{row}")
+    with pytest.raises(ValueError, match=rf"^{bad}:16: duplicate key 'hardware.x' \(also at line 2\)$"):
+        load_hardware(bad)
+
+
 def test_speed_factors():
     table = load_hardware("params/hardware.yaml")
     ref, b300 = table["rtx-pro-6000-x8"], table["b300-x8"]

@@ -150,3 +150,40 @@ def test_deployment_stage_plans_kimi_without_loading_it(tmp_path):
     f = json.loads((tmp_path / "deployment" / "manifest.json").read_text())["figures"]
     assert f["h200-x8.best_k_c1"] == out["schedules"]["h200-x8"]["best_k"][1]
     assert "published_model_over_measured_median" in f and "cpu_model_over_measured_median" not in f  # no grid here
+
+
+def _own_table(tmp_path):
+    """A hardware table of one's own, without the shipped rows."""
+    table = tmp_path / "mine.yaml"
+    table.write_text("hardware:\n  my-gpu:\n    gpu: A\n    count: 1\n    bf16_tflops: 100\n    mem_bw_tbs: 1\n"
+                     "    mem_gb: 48\n    usd_per_hour: 1\n")
+    return table
+
+
+@pytest.mark.parametrize(("profile", "sets", "expected"), [
+    ("tiny", {"deployment.hardware": ["my-gpu"], "deployment.acceptance_per_position": [0.8, 0.6]},
+     "deployment.hardware_file: {table} has no row 'h100-x8', the GPU of the published figures the model is checked "
+     "against (eagle3lib/analysis/published_speedups.py); copy it from params/hardware.yaml (rows it has: my-gpu)"),
+    ("kimi-k2.5", {}, "cost_projection.hardware (deployment.hardware is empty): unknown hardware 'rtx-pro-6000-x8': "
+                      "not a row of {table}; rows: my-gpu"),
+    ("tiny", {"deployment.hardware": ["h100"]}, "deployment.hardware: unknown hardware 'h100': not a row of {table}; "
+                                                "rows: my-gpu"),
+], ids=["published-row", "row-named-by-cost_projection", "row-named-by-deployment"])
+def test_a_hardware_table_of_ones_own_names_the_row_it_lacks(tmp_path, profile, sets, expected):
+    """It failed with `KeyError: 'h100-x8'`: the table, the setting that names the row and the rows it has are named."""
+    from eagle3lib.stages import deployment
+
+    table = _own_table(tmp_path)
+    ctx = open_stage("deployment", profile, tmp_path / "run", {"deployment.hardware_file": str(table), **sets})
+    with pytest.raises(ValueError) as e:
+        deployment.run(ctx)
+    assert str(e.value) == expected.format(table=table)
+
+
+def test_a_mistyped_results_run_dir_is_no_such_folder(tmp_path):
+    """It said "this run has no evaluate results", as if the folder were a run."""
+    from eagle3lib.stages import deployment
+
+    ctx = open_stage("deployment", "tiny", tmp_path / "run", {"deployment.results_run_dir": str(tmp_path / "rnus/a")})
+    with pytest.raises(ValueError, match=rf"^deployment.results_run_dir: no such folder: {tmp_path / 'rnus/a'}$"):
+        deployment.run(ctx)

@@ -210,10 +210,11 @@ def test_bad_inputs_are_clear_errors(tmp_path, tiny_verifier):
     good = corpus.sample(3, 0)["messages"]
     bad.write_text(json.dumps({"messages": good}) + "\n"
                    + json.dumps({"messages": [{"role": "user", "content": [{"type": "image_url"}]}, good[-1]]}) + "\n")
-    with pytest.raises(ValueError, match=f"{bad}:2: sample .* does not tokenize"):
+    # refused where it is read (an image part: the verifier reads text), before any sample is tokenized
+    with pytest.raises(ValueError, match=rf"{bad}:2: messages\[0\]\.content\[0\] is a part of type 'image_url'"):
         extract(_cfg(source=str(bad)), v, tmp_path / "f")
     fig = extract(_cfg(source=str(bad), on_bad_record="skip"), v, tmp_path / "g")["figures"]
-    assert fig["bad_samples"] == 1 and fig["samples"] == 1
+    assert fig["records_dropped"] == {"bad record (bad_content)": 1} and fig["samples"] == 1
 
 
 @pytest.mark.slow

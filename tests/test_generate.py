@@ -12,6 +12,7 @@ import json
 import os
 import re
 import signal
+import socketserver
 import subprocess
 import sys
 import threading
@@ -29,6 +30,7 @@ from eagle3lib.data.prompt_set import load_prompts
 from eagle3lib.data.records import ShardsLocked, ShardWriter, iter_generated, iter_records, list_shards
 from eagle3lib.generation.engine import generate
 from eagle3lib.generation.records import GenerateError
+from eagle3lib.vllm.client import ServerUnreachable
 from eagle3lib.vllm.endpoint import ServerError
 from eagle3lib.vllm.server import VLLMServer, free_port
 
@@ -377,3 +379,72 @@ def test_one_writer_per_folder(tmp_path):
     with ShardWriter(out, 10):  # e.g. a run still going in another process
         with pytest.raises(ShardsLocked, match=f"pid {os.getpid()}"):
             generate(_cfg(max_samples=2), VerifierConfig(server_url="http://127.0.0.1:9"), out)
+
+
+def test_a_run_whose_every_prompt_failed_is_not_complete(vllm_server, tmp_path):
+    """max_tokens over the server's context: every request came back HTTP 400 and the stage said "complete" (a full run
+    went on to extract nothing). The profile refuses the pair (tests/test_bad_inputs.py); a server whose context is
+    shorter than verifier.max_model_len says, still gets here."""
+    out = tmp_path / "generate"
+    with pytest.raises(GenerateError) as e:
+        generate(_cfg(max_samples=3, max_tokens=4096), _verifier(vllm_server, max_model_len=100_000), out)
+    assert re.fullmatch(r"every prompt failed \(3 of 3\); the first: prompt \S+ at shard-00000\.jsonl:1: HTTP 400: "
+                        r"max_tokens=4096 cannot be greater than max_model_len=2048\..*", str(e.value)), e.value
+    m = read_manifest(out)
+    assert m["status"] == "failed" and m["error"] == f"GenerateError: {e.value}" and m["figures"]["samples_failed"] == 3
+
+
+def test_the_summary_line_names_the_first_failure(vllm_server, tmp_path, capsys):
+    data = tmp_path / "prompts.jsonl"
+    data.write_text("".join(json.dumps({"id": f"g-{i}", "messages": [{"role": "user", "content": text}]}) + "\n"
+                            for i, text in enumerate(["Say hi", "apple banana cherry " * 1500, "Say bye"])))
+    f = generate(_cfg(dataset=str(data), max_tokens=24, shuffle=False), _verifier(vllm_server, max_model_len=100_000),
+                 tmp_path / "generate")["figures"]
+    assert f["samples_failed"] == 1 and f["first_failure"].startswith("prompt g-1 at shard-00000.jsonl:")
+    (line,) = [x for x in capsys.readouterr().out.splitlines() if x.startswith("generate: 3 prompts:")]
+    assert re.search(r", 1 failed .*; the first of the 1 failed: prompt g-1 at shard-00000\.jsonl:\d: HTTP 400: .*2048",
+                     line), line
+
+
+class _HungHandler(socketserver.StreamRequestHandler):
+    """Answers the start-up checks (/v1/models, /version), then nothing: a server stopped mid-run (SIGSTOP), whose
+    kernel still accepts connections."""
+
+    def handle(self) -> None:
+        while line := self.rfile.readline():
+            while self.rfile.readline() not in (b"\r\n", b""):  # the headers
+                pass
+            if not line.startswith((b"GET /v1/models", b"GET /version")):
+                self.server.release.wait()
+                return
+            body = json.dumps({"data": [{"id": "hung"}], "version": "0"}).encode()
+            self.wfile.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+                             % (len(body), body))
+
+
+@pytest.fixture
+def hung_server():
+    srv = socketserver.ThreadingTCPServer(("127.0.0.1", 0), _HungHandler)
+    srv.daemon_threads, srv.release = True, threading.Event()
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{srv.server_address[1]}"
+    srv.release.set()
+    srv.shutdown()
+    srv.server_close()
+
+
+def test_a_hung_server_is_said_on_the_console_and_stops_the_run(hung_server, tmp_path, capsys):
+    """A SIGSTOPped server gave no console output for 12 minutes while every prompt was recorded failed."""
+    verifier = VerifierConfig(model="org/remote", server_url=hung_server)
+    short = dict(max_samples=6, concurrency=3, connect_timeout_s=1, server_down_wait_s=3, stall_report_s=1)
+    for request_timeout_s in (3600.0, 0.5):  # answers may take hours (the stall watch stops it); timeouts (the client)
+        out = tmp_path / f"timeout-{request_timeout_s}"
+        t0 = time.time()
+        with pytest.raises(ServerUnreachable, match=rf"verifier server {re.escape(hung_server)} answered nothing for "
+                                                    r"\d+ s.*hung \(stopped\? deadlocked\?\).*\[generate\.server_down_wait_s\]$"):
+            generate(_cfg(**short, request_timeout_s=request_timeout_s), verifier, out)
+        assert time.time() - t0 < 30
+        err = capsys.readouterr().err
+        assert f"generate: no answer completed for 1 s (3 in flight); the server at {hung_server} may be hung" in err, err
+        assert _raw_ids(out) == []  # no prompt recorded failed: the re-run sends them all once the server answers
+        assert read_manifest(out)["status"] == "failed"

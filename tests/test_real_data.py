@@ -1,7 +1,9 @@
 # .venv/bin/python -m pytest -q tests/test_real_data.py
 """Real data: a JSON array read record by record (a file cut mid-record keeps its whole records), ShareGPT V3 from its
 wheel split into training and held-out conversations that never share a prompt, `generate.turns: first`, prompts too
-long for the context skipped before any request, and the detector of answers that loop."""
+long for the context skipped before any request, the detector of answers that loop, and records the server or a later
+stage would refuse (content parts, tool calls without an id, lone surrogates, a list as category) named by file:line
+and key, or skipped and counted by reason."""
 
 from __future__ import annotations
 
@@ -139,3 +141,82 @@ def test_humaneval_from_its_wheel():
     convs = load_conversations("builtin:humaneval")
     assert len(convs) == 164 and convs[0].id == "HumanEval/0" and convs[0].category == "humaneval"
     assert convs[0].messages[-1]["role"] == "user" and "def has_close_elements" in convs[0].messages[-1]["content"]
+
+
+# -------------------------------------------------------------- records the server or a later stage would refuse
+# Each was read without a word, then failed every request (HTTP 400), stopped every re-run at the same unnamed record
+# (UnicodeEncodeError), or failed the report after every prompt was answered (a list where a category goes).
+
+OK = {"messages": [{"role": "user", "content": "hi"}]}
+
+
+def _jsonl(tmp_path, *records: dict, raw: str = ""):
+    p = tmp_path / "d.jsonl"
+    p.write_text("".join(json.dumps(r) + "\n" for r in records) + raw)
+    return p
+
+
+def _refused(path) -> str:
+    with pytest.raises(DatasetError) as e:
+        load_conversations(path)
+    return str(e.value)
+
+
+def test_text_content_parts_are_joined_as_vllm_joins_them_and_other_content_is_named(tmp_path):
+    parts = [{"type": "text", "text": "Say hi"}, {"type": "text", "text": "briefly"}]
+    (conv,) = load_conversations(_jsonl(tmp_path, {"messages": [{"role": "user", "content": parts}]}))
+    assert conv.messages == [{"role": "user", "content": "Say hi\nbriefly"}]  # vLLM's text for a text-only template
+    null = {"messages": [{"role": "system", "content": None}, {"role": "user", "content": "hi"}]}
+    assert load_conversations(_jsonl(tmp_path, null))[0].messages[0]["content"] == ""  # null is empty, as before
+    for record, expected in [
+        ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x.png"}}]}]},
+         "messages[0].content[0] is a part of type 'image_url': only text parts are read"),
+        ({"messages": [{"role": "user", "content": 42}]},
+         "messages[0].content must be text or a list of text parts, got int 42"),
+        ({"messages": [{"role": "user", "content": [{"text": "no type"}]}]},
+         "messages[0].content[0] is not a text part"),
+        ({"conversations": [{"from": "human", "value": {"text": "x"}}]},
+         "conversations[0].value must be text or a list of text parts, got dict"),
+    ]:
+        p = _jsonl(tmp_path, OK, record)
+        assert _refused(p).startswith(f"{p}:2: {expected}")
+
+
+def test_a_tool_call_without_an_id_is_named(tmp_path):
+    call = {"type": "function", "function": {"name": "weather", "arguments": "{}"}}
+    p = _jsonl(tmp_path, OK, {"messages": [{"role": "user", "content": "weather?"},
+                                           {"role": "assistant", "content": None, "tool_calls": [call]},
+                                           {"role": "tool", "content": "sunny"}]})
+    assert _refused(p) == (f"{p}:2: messages[1].tool_calls[0] has no 'id': vLLM refuses a tool call without one (and "
+                           "a tool turn names the call it answers by its id)")
+
+
+def test_a_lone_surrogate_is_named_by_its_key(tmp_path):
+    p = _jsonl(tmp_path, OK, raw='{"messages": [{"role": "user", "content": "bad \\ud800 here"}]}\n')
+    assert _refused(p) == (f"{p}:2: messages[0].content holds a lone surrogate ('\\ud800' at character 4): not valid "
+                           "Unicode, so neither a request nor a shard can encode it")
+
+
+def test_a_category_that_is_not_a_string_is_named(tmp_path):
+    p = _jsonl(tmp_path, OK, {"category": ["chat", "code"], **OK})
+    assert _refused(p) == f"{p}:2: 'category' must be a string, got list ['chat', 'code']"
+
+
+def test_skipped_records_are_counted_by_reason_in_the_manifest_and_on_the_console(tmp_path, capsys):
+    from eagle3lib.config.verifier import VerifierConfig
+    from eagle3lib.core.manifest import read_manifest
+    from eagle3lib.generation.engine import generate
+    from eagle3lib.vllm.endpoint import ServerError
+    from eagle3lib.vllm.server import free_port
+
+    p = _jsonl(tmp_path, OK, {"messages": [{"role": "user", "content": 42}]}, {"category": ["x"], **OK},
+               raw='{"messages": [{"role": "user", "content": "\\udfff"}]}\n')
+    cfg = GenerateConfig(dataset=str(p), on_bad_record="skip", shuffle=False, progress=False)
+    out = tmp_path / "generate"
+    with pytest.raises(ServerError):  # nothing listens there: the run stops at its first request, after the count
+        generate(cfg, VerifierConfig(model="org/remote", server_url=f"http://127.0.0.1:{free_port()}"), out)
+    assert (f"generate: skipped 3 bad record(s) (generate.on_bad_record: skip): 1 bad_category, 1 bad_content, "
+            f"1 lone_surrogate; the first: {p}:2: messages[0].content must be text") in capsys.readouterr().err
+    f = read_manifest(out)["figures"]
+    assert f["bad_records"] == 3 and f["bad_records_by_reason"] == {"bad_category": 1, "bad_content": 1,
+                                                                     "lone_surrogate": 1}

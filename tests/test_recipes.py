@@ -37,6 +37,31 @@ def test_recipes_are_checked_by_name(tmp_path):
     assert ctx.cfg.overrides("peagle") == {"train.parallel_drafting": True} and ctx.cfg.overrides("dflash") == {}
 
 
+@pytest.mark.parametrize(("custom", "expected"), [
+    ('{"x": {"train.lrr": 0.01}}', "recipes.custom.x: unknown key 'train.lrr' (did you mean 'lr'?)"),
+    ('{"x": {"train.lr": -1}}', "recipes.custom.x: 'train.lr': Input should be greater than 0 (got -1)"),
+], ids=["misspelled", "out-of-range"])
+def test_params_refuses_a_custom_recipe_the_train_section_would(capsys, custom, expected):
+    """`params` said nothing and `run` failed on it once the recipes before it had trained."""
+    from eagle3lib.__main__ import main
+
+    assert main(["params", "--set", f"recipes.custom={custom}", "--set", "recipes.names=[x]"]) == 2
+    err = capsys.readouterr().err
+    assert err == f"error: --set: 'recipes.custom': {expected}\n", err
+
+
+@pytest.mark.parametrize("setting", ['recipes.custom={"../train": {"train.lr": 0.01}}', "recipes.names=[../train]",
+                                     'recipes.custom={".hidden": {"train.lr": 0.01}}', "recipes.names=[a/b]"])
+def test_a_recipe_name_is_a_folder_name(capsys, setting):
+    """A recipe's name becomes RUN_DIR/recipes/<name>: "../train" is refused by `params`, not left to the study."""
+    from eagle3lib.__main__ import main
+
+    assert main(["params", "--set", setting]) == 2
+    err = capsys.readouterr().err
+    assert "cannot name a recipe: it becomes the folder RUN_DIR/recipes/<name>, so letters, digits, '.', '_' and '-' " \
+           "only, not starting with '.'" in err and "Traceback" not in err, err
+
+
 def test_a_variant_trains_only_inside_the_studys_own_folder(tmp_path):
     """A recipe named "../train" deleted the run's own training and trained in its place: whatever a name holds, a
     study's variant folder (which it may delete) must be inside the study's folder."""

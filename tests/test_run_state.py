@@ -151,6 +151,16 @@ def test_a_read_only_stage_folder_is_named_before_the_stage_runs(capsys, tmp_pat
     assert sorted(p.name for p in folder.iterdir()) == ["notes.txt"]
 
 
+def test_a_file_where_a_stage_folder_belongs_is_named(capsys, tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "cost_projection").write_text("not a folder")
+    code = main(["run", "--run-dir", str(run), "--stages", "cost_projection"])
+    err = capsys.readouterr().err
+    assert code == 2 and f"{run / 'cost_projection'}: a file where the stage's folder belongs" in err, err
+    assert "Traceback" not in err and (run / "cost_projection").read_text() == "not a folder"
+
+
 def test_a_second_run_of_a_stage_on_the_same_run_dir_stops_naming_the_first(capsys, tmp_path):
     """Two `run --stages train` on one run dir both trained (the second resumed from the first's checkpoint: 172
     metrics records for 120 steps, final/ from whichever wrote last). Now the second stops at once, naming the first."""
@@ -364,3 +374,28 @@ def test_resume_falls_back_past_a_damaged_checkpoint(tmp_path, one_thread, capsy
     argv = ["--profile", "tiny", "--run-dir", str(run), "--overrides-json", json.dumps({**over, "train.max_steps": 10})]
     assert train_main(argv) == 1
     assert f"[train] error: {metrics}:2: step is 'two', not a number; fix or delete that line" in capsys.readouterr().err
+
+
+def test_a_complete_stage_whose_declared_outputs_are_gone_is_not_skipped(tmp_path):
+    """A deleted train/final was "complete, skipped"; a forced evaluate then blamed evaluate.checkpoint, never set.
+    Every stage's declared outputs are checked before it is skipped (intermediate checkpoints excepted: users delete
+    them to save space, and nothing reads them once the stage is complete)."""
+    import shutil
+
+    from eagle3lib.config.stages import get_stage
+    from eagle3lib.core.manifest import StageTimer
+    from eagle3lib.pipeline.runner import _will_run, damaged_outputs, read_manifest
+
+    run = tmp_path / "run"
+    (run / "train" / "final").mkdir(parents=True)
+    (run / "train" / "checkpoints" / "step_9").mkdir(parents=True)
+    (run / "train" / "metrics.jsonl").write_text("{}\n")
+    StageTimer(run / "train", {}).finish({"steps": 9}, {"checkpoint": "final", "metrics": "metrics.jsonl",
+                                                        "last_step_checkpoint": "checkpoints/step_9",
+                                                        "references": str(tmp_path / "elsewhere")})
+    assert not _will_run(get_stage("train"), run, force=False)
+    shutil.rmtree(run / "train" / "checkpoints")
+    assert not _will_run(get_stage("train"), run, force=False)
+    shutil.rmtree(run / "train" / "final")
+    assert _will_run(get_stage("train"), run, force=False)
+    assert damaged_outputs(run / "train", read_manifest(run / "train")) == "its outputs final are missing"

@@ -287,6 +287,27 @@ def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
     assert json.loads((ctx.dir / "manifest.json").read_text())["status"] == "failed"
 
 
+def test_train_while_extract_runs_names_the_extract_process(tmp_path):
+    """`--stages train` beside a running extract was told the store was empty (or trained on part of it): the lock
+    the runner holds (eagle3lib/core/stage_lock.py) names the process."""
+    import sys
+
+    run = tmp_path / "run"
+    hold = ("import sys, time; from pathlib import Path; from eagle3lib.core.stage_lock import stage_lock\n"
+            "with stage_lock(Path(sys.argv[1]), 'extract'):\n    print('held', flush=True); time.sleep(60)")
+    holder = subprocess.Popen([sys.executable, "-c", hold, str(run)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(TrainingError) as e:
+            launch(open_stage("train", "tiny", run), echo=lambda _m: None)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert str(e.value) == (f"extract is running in process {holder.pid} (lock {run / '.locks' / 'extract.lock'}): "
+                            f"{run / 'extract'} is still being written; train once it completes")
+    assert not (run / "train" / "train.log").exists()  # nothing started
+
+
 # vLLM serving what the train stage writes (speculators layout) as the verifier's EAGLE-3 speculator, with the
 # verifier's own greedy output and drafts accepted: tests/test_evaluate.py::test_library_and_vllm_agree_greedy, on the
 # session's spec server (tests/conftest.py), which serves this stage's output folder; its EAGLE export beside it in
@@ -326,3 +347,27 @@ def test_ddp_keeps_one_gradient_copy(tmp_path, monkeypatch):
         assert isinstance(wrapped, DistributedDataParallel) and wrapped.gradient_as_bucket_view
     finally:
         torch_dist.destroy_process_group()
+
+
+def test_a_store_from_other_weights_of_the_same_shape_is_refused(tiny_verifier, tmp_path):
+    """`--profile tiny-long` once trained on a store builtin:tiny wrote (same shapes) and labelled the drafter for
+    tiny-long; a fine-tune of the same base passes every shape check too. The store records its verifier's weights."""
+    import shutil
+
+    from eagle3lib.model.verifier import load_config, weights_fingerprint
+    from eagle3lib.training.setup import TrainingError, check_store
+
+    vconf = load_config(str(tiny_verifier))
+    meta = {"verifier": "builtin:tiny", "verifier_path": str(tiny_verifier), "hidden_size": vconf.hidden_size,
+            "vocab_size": vconf.vocab_size, "num_layers": vconf.num_hidden_layers, "aux_layer_ids": [2, 4, 5],
+            "verifier_weights": weights_fingerprint(tiny_verifier)}
+    moved = shutil.copytree(tiny_verifier, tmp_path / "moved")  # the same weights elsewhere: accepted
+    check_store(meta, tmp_path, vconf, [2, 4, 5], verifier=str(moved), model_path=str(moved))
+    tuned = shutil.copytree(tiny_verifier, tmp_path / "tuned")
+    weights = next(tuned.glob("*.safetensors"))
+    data = bytearray(weights.read_bytes())
+    data[-8:] = bytes(8)  # the last tensor's last values changed: the same shapes, other weights
+    weights.write_bytes(bytes(data))
+    with pytest.raises(TrainingError, match=rf"it was extracted from builtin:tiny \({tiny_verifier}, weights \w+\), "
+                                            rf"this profile's verifier.model is mine \({tuned}, weights \w+\)"):
+        check_store(meta, tmp_path, vconf, [2, 4, 5], verifier="mine", model_path=str(tuned))

@@ -367,10 +367,11 @@ def project(cfg: CostProjectionConfig, run_dir: Path, train_ttt_steps: int | Non
     """Everything from the config: hardware rows, measurements (profile or manifests), speed factors, FLOPs/token."""
     hw_path = resolve_path(cfg.hardware_file)
     table = load_hardware(hw_path)
-    ref = get_row(table, cfg.reference_hardware, hw_path)
+    ref = get_row(table, cfg.reference_hardware, hw_path, "cost_projection.reference_hardware")
     for name in cfg.speed_factors:
-        get_row(table, name, hw_path)
-    rows = [get_row(table, n, hw_path) for n in cfg.hardware] if cfg.hardware else list(table.values())
+        get_row(table, name, hw_path, "cost_projection.speed_factors")
+    rows = [get_row(table, n, hw_path, "cost_projection.hardware") for n in cfg.hardware] if cfg.hardware else \
+        list(table.values())
     measured = measurements(cfg, run_dir, ref)
     factors = {(r.name, s): speed_factor(r, ref, s, cfg.speed_factors, cfg.factor_uncertainty)
                for r in rows for s in measured}

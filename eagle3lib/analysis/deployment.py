@@ -139,21 +139,45 @@ def cpu_comparison(plan: Plan, row, cfg: DeploymentConfig, grid: dict[str, Any])
 
 
 def hardware_names(cfg: DeploymentConfig, profile: Profile, table: dict[str, Any]) -> list[str]:
-    """deployment.hardware, else cost_projection.hardware, else every GPU row (the CPU row is the grid's comparison)."""
-    names = cfg.hardware
+    """deployment.hardware, else cost_projection.hardware, else every GPU row (the CPU row is the grid's comparison);
+    a named row the table lacks is an error naming the setting that named it."""
+    from eagle3lib.analysis.hardware import get_row
+
+    names, key = cfg.hardware, "deployment.hardware"
     if not names:
+        key = "cost_projection.hardware (deployment.hardware is empty)"
         try:
             names = profile.section("cost_projection").hardware
         except ParamsError:
             names = []
+    for name in names:
+        get_row(table, name, cfg.hardware_file, key)
     return list(names or [n for n in table if n != CPU_ROW])
+
+
+def check_published_rows(cfg: DeploymentConfig, table: dict[str, Any]) -> None:
+    """The published GPU figures are modelled on rows of the shipped table; a table of one's own needs them too."""
+    from eagle3lib.analysis.hardware import resolve_path
+    from eagle3lib.analysis.published_speedups import PUBLISHED
+
+    missing = sorted({p.hardware for p in PUBLISHED} - set(table))
+    if missing:
+        raise ValueError(f"deployment.hardware_file: {resolve_path(cfg.hardware_file)} has no row "
+                         f"{', '.join(repr(m) for m in missing)}, the GPU of the published figures the model is checked "
+                         "against (eagle3lib/analysis/published_speedups.py); copy it from params/hardware.yaml "
+                         f"(rows it has: {', '.join(table)})")
 
 
 def source_run(cfg: DeploymentConfig, run_dir: Path) -> Path:
     """The run the measurements come from (deployment.results_run_dir, else this one)."""
     from eagle3lib.analysis.cost import resolve_path
 
-    return resolve_path(cfg.results_run_dir) if cfg.results_run_dir else run_dir
+    if not cfg.results_run_dir:
+        return run_dir
+    src = resolve_path(cfg.results_run_dir)
+    if not src.is_dir():  # not "this run has no evaluate results": a mistyped folder is no run at all
+        raise ValueError(f"deployment.results_run_dir: no such folder: {src}")
+    return src
 
 
 def shapes(cfg: DeploymentConfig, profile: Profile,

@@ -8,6 +8,7 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from eagle3lib.config.profile import load_yaml_strict
 from eagle3lib.core.hints import did_you_mean
 from eagle3lib.core.paths import REPO_ROOT
 
@@ -46,7 +47,7 @@ def load_hardware(path: str | Path) -> dict[str, HardwareRow]:
     if not path.is_file():
         raise ValueError(f"hardware table not found: {path}")
     try:
-        raw = yaml.safe_load(path.read_text()) or {}
+        raw = load_yaml_strict(path) or {}
     except yaml.YAMLError as e:
         raise ValueError(f"{path}: not valid YAML: {e}") from e
     rows = raw.get("hardware") if isinstance(raw, dict) else None
@@ -66,8 +67,11 @@ def load_hardware(path: str | Path) -> dict[str, HardwareRow]:
     return table
 
 
-def get_row(table: dict[str, HardwareRow], name: str, path: str | Path = "params/hardware.yaml") -> HardwareRow:
+def get_row(table: dict[str, HardwareRow], name: str, path: str | Path = "params/hardware.yaml",
+            key: str = "") -> HardwareRow:
+    """Row `name` of the table at `path`; `key` is the setting that named it (a table of one's own may lack rows the
+    shipped one has, and the fix is in the setting or in the table)."""
     if name not in table:
-        raise ValueError(f"unknown hardware '{name}': not a row of {resolve_path(path)}{did_you_mean(name, table)}; "
-                         f"rows: {', '.join(table)}")
+        raise ValueError(f"{key + ': ' if key else ''}unknown hardware '{name}': not a row of {resolve_path(path)}"
+                         f"{did_you_mean(name, table)}; rows: {', '.join(table)}")
     return table[name]

@@ -30,7 +30,7 @@ class LearningCurvesConfig(StageConfig):
 class CostProjectionConfig(StageConfig):
     # --- where the projection runs
     hardware: list[str] = []  # rows of the hardware table to project onto; [] = every row
-    hardware_file: str = "params/hardware.yaml"  # the hardware table (relative to the repo root, or absolute)
+    hardware_file: str = "params/hardware.yaml"  # the hardware table (default: the repo's; a path you set is relative to where the run starts)
     reference_hardware: str = "rtx-pro-6000-x8"  # row the measured throughputs were taken on
     stages: list[ProjectedStage] = ["generate", "extract", "train"]  # stages costed; only these need measurements
     manifests_run_dir: str | None = None  # run whose manifests give the measurements; None = this run
@@ -82,5 +82,5 @@ class CostProjectionConfig(StageConfig):
 
 
 class CompareRunsConfig(StageConfig):
-    runs: list[str] = []  # run directories or globs (relative to the repo root); [] = this run + every other run under runs/
+    runs: list[str] = []  # run directories or globs (relative to where the run starts); [] = this run + every other run under runs/
     labels: list[str] = []  # one name per run after glob expansion; [] = each run folder's name

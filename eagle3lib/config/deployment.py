@@ -42,7 +42,7 @@ class VerifierShape(BaseModel):
 
 class DeploymentConfig(StageConfig):
     hardware: list[str] = []  # rows of the hardware table to plan for; [] = cost_projection.hardware, else every row
-    hardware_file: str = "params/hardware.yaml"  # the hardware table (relative to the repo root, or absolute)
+    hardware_file: str = "params/hardware.yaml"  # the hardware table (default: the repo's; a path you set is relative to where the run starts)
     results_run_dir: str | None = None  # run whose evaluate results (acceptance, the concurrency grid) and trained
     # drafter are read; None = this run
     concurrencies: list[int] = [1, 2, 4, 8, 16, 32, 64, 128, 256]  # requests decoding at once (vLLM's batch): the

@@ -15,7 +15,7 @@ class GenerateConfig(StageConfig):
     max_samples: int | None = Field(None, ge=1)  # cap after shuffling (the Kimi run used 10,000); None = every prompt
     shuffle: bool = True  # shuffle before the cap, so a capped run is a uniform sample of a sorted/grouped dataset
     seed: int = 0  # shuffling seed (and the per-request sampling seeds when request_seed is on)
-    on_bad_record: Literal["error", "skip"] = "error"  # a malformed input record stops the run (naming file:line) or is skipped and counted
+    on_bad_record: Literal["error", "skip"] = "error"  # a record the server or a later stage would refuse (malformed JSON, content that is not text, a tool call without an id, a lone surrogate, a category that is not a string) stops the run before any request, naming file:line and key; skip: counted by reason in the manifest (bad_records_by_reason) and on the console
     turns: Literal["last", "first", "all"] = "last"  # last: answer the last user turn after the dataset's earlier answers; first: only the first user turn (the rest of the conversation dropped); all: every assistant turn in order, each after the verifier's own earlier answers (eagle3lib/data/multi_turn.py)
     allow_empty: bool = False  # a dataset with no usable prompt completes with 0 samples instead of failing (which is usually a mistake)
     # --- sampling (sent with every request)
@@ -32,7 +32,8 @@ class GenerateConfig(StageConfig):
     max_attempts: int = Field(5, ge=1)  # tries per prompt for 5xx, 429, timeouts and dropped connections, before it is recorded failed
     backoff_base_s: float = Field(1.0, gt=0)  # first retry delay; doubles per try, with full jitter
     backoff_max_s: float = Field(30.0, gt=0)  # cap on one retry delay
-    server_down_wait_s: float = Field(600.0, ge=0)  # keep retrying while connections are refused (server restarting) this long, then stop the run (resumable)
+    server_down_wait_s: float = Field(600.0, ge=0)  # keep retrying while connections are refused (server restarting) or the server answers nothing, not even /health (hung, stopped), this long, then stop the run naming the server (resumable) instead of recording every prompt failed
+    stall_report_s: float = Field(120.0, gt=0)  # no answer for this long with requests in flight: say so on the console (the server may be hung), again every this many seconds
     server_restarts: int = Field(2, ge=0)  # a local server this stage started that dies mid-run is restarted this often
     retry_failed: bool = True  # a re-run retries prompts recorded as failed (mostly transient); ok/truncated/empty are final
     # --- output

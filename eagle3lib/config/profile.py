@@ -14,6 +14,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from eagle3lib.config.profile_paths import resolve_paths
 from eagle3lib.config.registry import SECTIONS
 from eagle3lib.core.hints import did_you_mean
 from eagle3lib.core.paths import PARAMS_DIR
@@ -81,6 +82,15 @@ def _key_lines(node: yaml.Node, path: Path, prefix: str = "", out: dict[str, int
     return out
 
 
+def load_yaml_strict(path: Path) -> Any:
+    """A YAML file as yaml.safe_load reads it, but a key given twice in one mapping is refused naming the file, the
+    key and both lines (the hardware table: a second row of one name silently replaced the first)."""
+    text = path.read_text()
+    if text.strip():
+        _key_lines(yaml.compose(text), path)
+    return yaml.safe_load(text)
+
+
 def _load_raw(path: Path) -> tuple[dict[str, Any], dict[str, int]]:
     """(the profile's sections, the line of each key)."""
     try:
@@ -93,6 +103,9 @@ def _load_raw(path: Path) -> tuple[dict[str, Any], dict[str, int]]:
         raise ParamsError(f"{path}: not valid YAML: {e}") from None
     if not isinstance(raw, dict):
         raise ParamsError(f"{path}: a profile is a mapping of sections, got {type(raw).__name__}")
+    if not raw:  # almost always the wrong file (or one not saved yet): every stage would run on the defaults
+        raise ParamsError(f"{path}: the profile is empty (no section is set); write its sections, e.g. copy "
+                          f"{PARAMS_DIR / 'tiny.yaml'}")
     return raw, lines
 
 
@@ -181,6 +194,18 @@ class Profile:
         return {k: v.model_dump(mode="json") for k, v in self._sections.items()}
 
 
+def _generate_fits_context(validated: dict[str, BaseModel], where: _Where) -> list[str]:
+    """generate.max_tokens against verifier.max_model_len: vLLM refuses (HTTP 400) every request whose max_tokens
+    leaves no room for a prompt in the context, so such a pair would fail every prompt of the run."""
+    gen, ver = validated.get("generate"), validated.get("verifier")
+    if gen is None or ver is None or gen.max_tokens is None or gen.max_tokens < ver.max_model_len:
+        return []
+    return [f"{where('generate.max_tokens', 'verifier.max_model_len')}: generate.max_tokens ({gen.max_tokens}) must be "
+            f"below verifier.max_model_len ({ver.max_model_len}): the server refuses every request whose prompt and "
+            "answer budget exceed its context; lower generate.max_tokens (or raise verifier.max_model_len, the "
+            "server's --max-model-len)"]
+
+
 def load_profile(profile: str | Path, overrides: dict[str, Any] | None = None, sections: list[str] | None = None) -> Profile:
     """Load and validate `sections` (default: every available one) of a profile, overrides applied. Every problem of
     every section is reported at once, one line each, naming the key and where it was set."""
@@ -202,6 +227,7 @@ def load_profile(profile: str | Path, overrides: dict[str, Any] | None = None, s
         problems += errs
         if cfg is not None:
             validated[name] = cfg
+    problems += _generate_fits_context(validated, where)
     if problems:
         raise ParamsError("\n".join(problems))
-    return Profile(path, path.stem, description, validated, overrides)
+    return Profile(path, path.stem, description, resolve_paths(validated), overrides)

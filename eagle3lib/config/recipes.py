@@ -8,11 +8,14 @@ on the same store, each is measured on evaluate's prompts, K and server settings
 
 from __future__ import annotations
 
+import re
 from typing import Any, Literal
 
-from pydantic import Field, ValidationInfo, field_validator
+from pydantic import Field, ValidationError, ValidationInfo, field_validator
 
 from eagle3lib.config.base import StageConfig
+from eagle3lib.config.train import TrainConfig
+from eagle3lib.core.hints import did_you_mean
 
 # name -> train overrides: each applied on top of the profile's train section. "kl" is the default loss (the train
 # stage's own run when the profile changes nothing else, then reused instead of trained again).
@@ -26,6 +29,32 @@ BUILTIN_RECIPES: dict[str, dict[str, Any]] = {
     "peagle": {"train.parallel_drafting": True},  # P-EAGLE: all K drafts from one forward (parallel_drafting: true)
 }
 DFLASH = "dflash"  # block-diffusion drafting (vLLM method dflash): its own drafter and trainer, not train overrides
+_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]*")  # a recipe's name is its folder: RUN_DIR/recipes/<name>
+
+
+def _bad_name(name: str) -> str | None:
+    if _NAME.fullmatch(name):
+        return None
+    return (f"{name!r} cannot name a recipe: it becomes the folder RUN_DIR/recipes/<name>, so letters, digits, '.', "
+            "'_' and '-' only, not starting with '.'")
+
+
+def _train_problems(over: dict[str, Any]) -> list[str]:
+    """What the train section would refuse in a recipe's overrides, found by `params` instead of after the recipes
+    before it have trained. Rules over several keys need the profile's own train section: the pre-run check applies
+    those (eagle3lib/pipeline/preflight.py recipe_problems)."""
+    fields = list(TrainConfig.model_fields)
+    data = {k.removeprefix("train."): v for k, v in over.items()}
+    problems = [f"unknown key 'train.{k}'{did_you_mean(k, fields)}" for k in data if k not in fields]
+    try:
+        TrainConfig.model_validate({k: v for k, v in data.items() if k in fields})
+    except ValidationError as e:
+        for err in e.errors():
+            if err["loc"]:
+                got = "" if err["type"] == "value_error" else f" (got {err.get('input')!r})"
+                msg = str(err["msg"]).removeprefix("Value error, ")
+                problems.append(f"'train.{'.'.join(str(x) for x in err['loc'])}': {msg}{got}")
+    return problems
 
 
 class RecipesConfig(StageConfig):
@@ -45,11 +74,15 @@ class RecipesConfig(StageConfig):
     @classmethod
     def _custom(cls, v: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
         for name, over in v.items():
+            if problem := _bad_name(name):
+                raise ValueError(problem)
             if name in BUILTIN_RECIPES or name == DFLASH:
                 raise ValueError(f"{name!r} is a built-in recipe's name; choose another")
             bad = [k for k in over if not k.startswith("train.")]
             if bad:
                 raise ValueError(f"{name!r}: a recipe overrides train.* keys only, got {bad}")
+            if problems := _train_problems(over):
+                raise ValueError(f"recipes.custom.{name}: {'; '.join(problems)}")
         return v
 
     @field_validator("names")
@@ -57,7 +90,9 @@ class RecipesConfig(StageConfig):
     def _names(cls, v: list[str], info: ValidationInfo) -> list[str]:
         known = [*BUILTIN_RECIPES, DFLASH, *(info.data.get("custom") or {})]  # custom is validated first (declared first)
         for i, n in enumerate(v):
-            if n not in known:
+            if problem := _bad_name(n):
+                raise ValueError(f"item {i}: {problem}")
+            if n not in known and "custom" in info.data:  # else custom's own error says what is wrong with its recipes
                 raise ValueError(f"item {i}, {n!r}, is not a recipe; known: {', '.join(known)}")
         if len(set(v)) != len(v):
             raise ValueError(f"a recipe listed twice: {v}")

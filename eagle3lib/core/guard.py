@@ -63,7 +63,8 @@ def main(argv: list[str] | None = None) -> int:
                                                        for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)])
     while True:
         try:
-            return child.wait(timeout=POLL_S)
+            code = child.wait(timeout=POLL_S)
+            return 128 - code if code < 0 else code  # killed by signal N: the shell's 128 + N, which callers can name
         except subprocess.TimeoutExpired:
             pass
         if os.getppid() != parent:  # reparented: whoever started us is gone

@@ -37,3 +37,24 @@ def stage_lock(run_dir: Path, stage: str) -> Iterator[None]:
         f.write(f"pid {os.getpid()} on {socket.gethostname()} since {now_iso()}\n")
         f.flush()
         yield
+
+
+def running(run_dir: Path, stage: str) -> str | None:
+    """"STAGE is running in process PID (lock FILE)" while a live process holds the stage's lock, else None: a stage
+    reading another's outputs then says why they are missing or partial, not that they are. A shared lock, released
+    at once, is the probe: the holder's record in the file outlives it, the lock does not."""
+    path = Path(run_dir) / ".locks" / f"{stage}.lock"
+    try:
+        f = open(path)
+    except FileNotFoundError:
+        return None
+    with f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = f.read().split()
+            pid = f"process {holder[1]}" if holder[:1] == ["pid"] and len(holder) > 1 else "another process"
+            host = f" on {holder[3]}" if len(holder) > 3 and holder[3] != socket.gethostname() else ""
+            return f"{stage} is running in {pid}{host} (lock {path})"
+        fcntl.flock(f, fcntl.LOCK_UN)
+    return None

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from eagle3lib.core.guard import popen_guarded
+from eagle3lib.core.paths import RUN_CWD_ENV, run_cwd
 
 if TYPE_CHECKING:
     from eagle3lib.config.launch import TorchrunConfig
@@ -33,8 +34,9 @@ def torchrun_command(cfg: TorchrunConfig, module: str, args: list[str]) -> list[
 
 
 def torchrun_env(nproc_per_node: int) -> dict[str, str]:
-    """One OpenMP pool per process, sized to share the node's cores."""
+    """One OpenMP pool per process, sized to share the node's cores; the profile's relative paths resolved as here."""
     env = dict(os.environ)
+    env[RUN_CWD_ENV] = str(run_cwd())  # they start in their stage folder: the profile's paths stay where they were
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // max(1, nproc_per_node))))
     return env
 
@@ -47,7 +49,8 @@ def run_streamed(cmd: list[str], cwd: str, env: dict[str, str], show: Callable[[
     echo("$ " + " ".join(cmd))
     proc = popen_guarded(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1, env=env, cwd=cwd)
     tail: list[str] = []
-    log = open(log_path, "a", encoding="utf-8") if log_path else None  # noqa: SIM115 (closed below)
+    # line-buffered: a run stopped by a signal (its kernel killed before this closes the file) keeps every line
+    log = open(log_path, "a", encoding="utf-8", buffering=1) if log_path else None  # noqa: SIM115 (closed below)
     try:
         for line in proc.stdout:
             line = line.rstrip("\n")

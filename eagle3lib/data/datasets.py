@@ -14,7 +14,19 @@ Agentic data is carried whole: assistant `tool_calls`, tool turns' `tool_call_id
 
 Every conversation gets a stable id: the record's own `id` when it has one, else a hash of its messages (plus an
 occurrence number for exact duplicates), so resumable stages can key their outputs on it across runs.
-A malformed record is an error naming the file and line, or, with on_bad_record="skip", is skipped and counted.
+A malformed record is an error naming the file and line, or, with on_bad_record="skip", is skipped and counted by
+reason (`BadRecord`). What a record may hold is checked where it is read, so that a record the server or a later stage
+would refuse is named by file:line and key before any prompt is sent, instead of stopping every re-run at the same
+record (a string the shards cannot encode) or failing after every prompt is answered (a list where the reports expect
+a category string):
+- content (and reasoning) is text, null (read as empty, as OpenAI's assistant turns with tool calls carry it), or a
+  list of OpenAI text parts {"type": "text", "text": ...}, joined with newlines: what vLLM sends a text-only chat
+  template (its "string" content format), so generate and extract render the same text. Any other part (an image, an
+  audio clip) has no meaning for a text-only drafter and is refused, as is any other type (a number, an object).
+- a tool call carries an `id`: vLLM refuses a call without one (HTTP 400, "...ToolCallParam.id: Field required").
+- every string is valid Unicode: JSON can hold a lone surrogate ("\\ud800"), which neither the request nor a shard
+  can encode as UTF-8.
+- `category` is a string (or absent): the reports group and type it as one.
 """
 
 from __future__ import annotations
@@ -55,6 +67,71 @@ class DatasetError(ValueError):
     """A dataset record is malformed; the message names the file and line (or row)."""
 
 
+# the reasons, as the manifest's `bad_records_by_reason` counts them
+REASONS = ("not_json", "not_utf8", "not_object", "no_messages", "bad_role", "bad_content", "bad_tool_call",
+           "bad_tools", "lone_surrogate", "bad_category", "duplicate_id")
+
+
+class BadRecord(ValueError):
+    """A record the stages cannot use; `reason` is one of REASONS, the message names the key."""
+
+    def __init__(self, reason: str, message: str):
+        super().__init__(message)
+        self.reason = reason
+
+
+def text_content(value: Any, where: str) -> str:
+    """A message's content as the text the chat template renders (the rules in the module doc)."""
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        texts = []
+        for k, part in enumerate(value):
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind == "text" and isinstance(part.get("text"), str):
+                texts.append(part["text"])
+            elif kind is not None and kind != "text":
+                raise BadRecord("bad_content", f"{where}[{k}] is a part of type {kind!r}: only text parts are read "
+                                               "(a text-only verifier; vLLM joins text parts with newlines)")
+            else:
+                raise BadRecord("bad_content", f"{where}[{k}] is not a text part {{\"type\": \"text\", \"text\": "
+                                               f"\"...\"}}: got {_gist(part)}")
+        return "\n".join(texts)
+    raise BadRecord("bad_content", f"{where} must be text or a list of text parts, got {type(value).__name__} "
+                                   f"{_gist(value)}")
+
+
+def check_category(value: Any) -> str | None:
+    if value is None or isinstance(value, str):
+        return value
+    raise BadRecord("bad_category", f"'category' must be a string, got {type(value).__name__} {_gist(value)}")
+
+
+def find_lone_surrogate(value: Any, where: str = "") -> None:
+    """Raises BadRecord naming the first string, anywhere in `value`, that is not valid Unicode."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise BadRecord("lone_surrogate", f"{where or 'the record'} holds a lone surrogate "
+                                              f"({value[e.start]!r} at character {e.start}): not valid Unicode, so "
+                                              "neither a request nor a shard can encode it") from None
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            find_lone_surrogate(k, where)
+            find_lone_surrogate(v, f"{where}.{k}" if where else str(k))
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            find_lone_surrogate(v, f"{where}[{i}]")
+
+
+def _gist(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 @dataclass
 class Conversation:
     id: str  # stable across runs (see module doc)
@@ -79,6 +156,8 @@ class Conversation:
 class LoadStats:
     records: int = 0  # records read from the file(s)
     bad_records: int = 0  # malformed, skipped (on_bad_record="skip")
+    bad_by_reason: dict[str, int] = field(default_factory=dict)  # the skipped ones by reason (REASONS)
+    first_bad: str = ""  # "file:line: why" of the first one skipped, for the console
     kept: int = 0  # conversations returned after max_samples
     cut_records: int = 0  # a JSON array file that ends inside a record (ShareGPT V3's wheel): that record, not read
     duplicates: int = 0  # builtin:sharegpt*: exact duplicate conversations dropped
@@ -146,7 +225,7 @@ def _raw_records(path: Path) -> Iterator[tuple[int, Any]]:
                     # utf-8-sig on the first line: a byte-order mark (Windows editors write one) is not data
                     line = raw.decode("utf-8-sig" if i == 1 else "utf-8")
                 except UnicodeDecodeError as e:
-                    yield i, ValueError(f"not UTF-8 text (byte {e.start} of the line)")
+                    yield i, BadRecord("not_utf8", f"not UTF-8 text (byte {e.start} of the line)")
                     continue
                 if not line.strip():
                     continue
@@ -202,16 +281,17 @@ def _normalise_messages(rec: dict[str, Any]) -> list[dict[str, Any]]:
             try:
                 turns = json.loads(turns)
             except json.JSONDecodeError:
-                raise ValueError("'messages' is a string that is not a JSON list of messages") from None
+                raise BadRecord("no_messages", "'messages' is a string that is not a JSON list of messages") from None
         if not isinstance(turns, list):
-            raise ValueError(f"'messages' must be a list of messages, got {type(turns).__name__}")
+            raise BadRecord("no_messages", f"'messages' must be a list of messages, got {type(turns).__name__}")
         for j, m in enumerate(turns):
             if not isinstance(m, dict) or "role" not in m:
-                raise ValueError(f"messages[{j}] has no 'role'")
+                raise BadRecord("bad_role", f"messages[{j}] has no 'role'")
             if m["role"] not in OPENAI_ROLES:
-                raise ValueError(f"messages[{j}].role {m['role']!r} is not one of {sorted(OPENAI_ROLES)}")
-            out = {"role": m["role"], "content": m.get("content") or ""}
-            reasoning = m.get("reasoning_content", m.get("reasoning"))
+                raise BadRecord("bad_role", f"messages[{j}].role {m['role']!r} is not one of {sorted(OPENAI_ROLES)}")
+            out = {"role": m["role"], "content": text_content(m.get("content"), f"messages[{j}].content")}
+            key = "reasoning_content" if "reasoning_content" in m else "reasoning"
+            reasoning = text_content(m.get(key), f"messages[{j}].{key}")
             if reasoning:
                 out["reasoning_content"] = reasoning
             if m["role"] == "assistant" and m.get("tool_calls"):
@@ -226,28 +306,28 @@ def _normalise_messages(rec: dict[str, Any]) -> list[dict[str, Any]]:
         msgs = []
         for j, m in enumerate(rec["conversations"]):
             if not isinstance(m, dict) or "from" not in m or "value" not in m:
-                raise ValueError(f"conversations[{j}] needs 'from' and 'value'")
+                raise BadRecord("no_messages", f"conversations[{j}] needs 'from' and 'value'")
             role = SHAREGPT_ROLES.get(str(m["from"]).lower())
             if role is None:
-                raise ValueError(f"conversations[{j}].from {m['from']!r} is not one of {sorted(SHAREGPT_ROLES)}")
-            msgs.append({"role": role, "content": m["value"] or ""})
+                raise BadRecord("bad_role", f"conversations[{j}].from {m['from']!r} is not one of {sorted(SHAREGPT_ROLES)}")
+            msgs.append({"role": role, "content": text_content(m["value"], f"conversations[{j}].value")})
         return msgs
-    raise ValueError("record has neither 'messages' (OpenAI format) nor 'conversations' (ShareGPT format), nor a "
+    raise BadRecord("no_messages", "record has neither 'messages' (OpenAI format) nor 'conversations' (ShareGPT format), nor a "
                      "benchmark's fields ('turns': MT-Bench/Spec-Bench; 'task_id' + 'prompt': HumanEval; 'question' + "
                      "'answer': GSM8K)")
 
 
 def _tool_calls(calls: Any, where: str) -> list[dict[str, Any]]:
-    """OpenAI tool calls, checked: each {"id"?, "type": "function", "function": {"name", "arguments"}}, `arguments` a
+    """OpenAI tool calls, checked: each {"id", "type": "function", "function": {"name", "arguments"}}, `arguments` a
     JSON object or its JSON text (kept as text, as the OpenAI API carries it; eagle3lib/data/chat_tokens.py parses it
     for the template as vLLM does). vLLM turns unparsable arguments into {} without a word; here they are a bad record."""
     if not isinstance(calls, list):
-        raise ValueError(f"{where}.tool_calls must be a list, got {type(calls).__name__}")
+        raise BadRecord("bad_tool_call", f"{where}.tool_calls must be a list, got {type(calls).__name__}")
     out = []
     for n, c in enumerate(calls):
         fn = c.get("function") if isinstance(c, dict) else None
         if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
-            raise ValueError(f"{where}.tool_calls[{n}] needs a 'function' with a 'name'")
+            raise BadRecord("bad_tool_call", f"{where}.tool_calls[{n}] needs a 'function' with a 'name'")
         args = fn.get("arguments")
         if isinstance(args, str) and args.strip():
             try:
@@ -255,17 +335,17 @@ def _tool_calls(calls: Any, where: str) -> list[dict[str, Any]]:
             except json.JSONDecodeError:
                 parsed = None
             if not isinstance(parsed, dict):
-                raise ValueError(f"{where}.tool_calls[{n}].function.arguments is not the JSON text of an object")
+                raise BadRecord("bad_tool_call", f"{where}.tool_calls[{n}].function.arguments is not the JSON text of an object")
         elif args is None or args == "":
             args = "{}"
         elif isinstance(args, dict):
             args = json.dumps(args, ensure_ascii=False)
         else:
-            raise ValueError(f"{where}.tool_calls[{n}].function.arguments must be an object or its JSON text")
-        call = {"type": "function", "function": {"name": fn["name"], "arguments": args}}
-        if c.get("id") is not None:
-            call["id"] = str(c["id"])
-        out.append(call)
+            raise BadRecord("bad_tool_call", f"{where}.tool_calls[{n}].function.arguments must be an object or its JSON text")
+        if c.get("id") is None:
+            raise BadRecord("bad_tool_call", f"{where}.tool_calls[{n}] has no 'id': vLLM refuses a tool call without "
+                                             "one (and a tool turn names the call it answers by its id)")
+        out.append({"type": "function", "function": {"name": fn["name"], "arguments": args}, "id": str(c["id"])})
     return out
 
 
@@ -277,10 +357,17 @@ def _tools(rec: dict[str, Any]) -> list[dict[str, Any]] | None:
         try:
             tools = json.loads(tools)
         except json.JSONDecodeError:
-            raise ValueError("'tools' is a string that is not a JSON list of tools") from None
+            raise BadRecord("bad_tools", "'tools' is a string that is not a JSON list of tools") from None
     if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
-        raise ValueError("'tools' must be a list of tool schemas (OpenAI format)")
+        raise BadRecord("bad_tools", "'tools' must be a list of tool schemas (OpenAI format)")
     return tools or None
+
+
+def count_bad(stats: LoadStats, reason: str, where: str) -> None:
+    """One bad record skipped (on_bad_record="skip"): counted by reason, the first one kept for the console."""
+    stats.bad_records += 1
+    stats.bad_by_reason[reason] = stats.bad_by_reason.get(reason, 0) + 1
+    stats.first_bad = stats.first_bad or where
 
 
 def load_conversations(
@@ -305,16 +392,18 @@ def load_conversations(
         stats.records += 1
         try:
             if isinstance(rec, json.JSONDecodeError):
-                raise ValueError(f"not valid JSON: {rec}")
+                raise BadRecord("not_json", f"not valid JSON: {rec}")
             if isinstance(rec, Exception):
-                raise ValueError(str(rec))
+                raise rec if isinstance(rec, BadRecord) else BadRecord("not_json", str(rec))
             if not isinstance(rec, dict):
-                raise ValueError(f"expected a JSON object, got {type(rec).__name__}")
+                raise BadRecord("not_object", f"expected a JSON object, got {type(rec).__name__}")
+            find_lone_surrogate(rec)
             msgs = _normalise_messages(rec)
             tools = _tools(rec)
+            category = check_category(rec.get("category"))
         except ValueError as e:
             if on_bad_record == "skip":
-                stats.bad_records += 1
+                count_bad(stats, e.reason if isinstance(e, BadRecord) else "not_json", f"{path}:{line}: {e}")
                 continue
             raise DatasetError(f"{path}:{line}: {e}") from None
         rid = benchmark_id(rec)
@@ -326,7 +415,7 @@ def load_conversations(
         extra = {k: v for k, v in rec.items() if k not in ("messages", "conversations", "id", "category", "tools")}
         if later_turns(rec):
             extra["later_turns"] = later_turns(rec)  # after the verifier's own answers (eagle3lib/evaluation/turns.py)
-        category = rec.get("category") or (benchmark_messages(rec) or (None, None))[1]
+        category = category or (benchmark_messages(rec) or (None, None))[1]
         out.append(Conversation(str(rid), msgs, category, f"{path}:{line}", extra, tools))
     if (which := sharegpt.SPLITS.get(str(name))) is not None:
         kept, stats.duplicates = sharegpt.split(out, which)

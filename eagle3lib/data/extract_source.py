@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from eagle3lib.data.datasets import Conversation, DatasetError, load_conversations
+from eagle3lib.data.datasets import Conversation, DatasetError, LoadStats, load_conversations
 from eagle3lib.data.records import ReadStats, iter_generated
 
 
@@ -40,10 +40,13 @@ def load_source(source: str, gen_dir: Path | None, max_samples: int | None = Non
         if max_samples is not None:
             convs = convs[:max_samples]
     else:
+        loaded = LoadStats()
         try:
-            convs = load_conversations(source, on_bad_record=on_bad_record, max_samples=max_samples)
+            convs = load_conversations(source, on_bad_record=on_bad_record, max_samples=max_samples, stats=loaded)
         except DatasetError as e:
             raise SourceError(f"extract.source: {e}") from None
+        for reason, n in loaded.bad_by_reason.items():  # skipped where read (extract.on_bad_record: skip)
+            counts["dropped"][f"bad record ({reason})"] = n
         desc = source
     if not convs:
         raise SourceError(f"extract.source: no conversations in {desc}"

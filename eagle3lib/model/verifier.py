@@ -55,6 +55,27 @@ def missing_local_folder(model: str) -> bool:
     return (model.startswith(("/", "./", "../", "~")) or model.count("/") > 1) and not Path(model).expanduser().is_dir()
 
 
+def weights_fingerprint(model_path: str | Path) -> str | None:
+    """A short id of the verifier's weights: each weight file's name, size, and first and last MiB. Two models of one
+    architecture (a fine-tune of the same base, tiny and tiny-long) share every shape a store records; their weights
+    differ in the first bytes of every tensor. Reads a few MiB, never the whole file. None without local weights."""
+    import hashlib
+
+    folder = Path(model_path)
+    files = sorted(folder.glob("*.safetensors")) or sorted(folder.glob("pytorch_model*.bin")) if folder.is_dir() else []
+    if not files:
+        return None
+    h = hashlib.sha256()
+    for f in files:
+        size = f.stat().st_size
+        h.update(f"{f.name}:{size}".encode())
+        with open(f, "rb") as fh:
+            h.update(fh.read(1 << 20))
+            fh.seek(max(0, size - (1 << 20)))
+            h.update(fh.read(1 << 20))
+    return h.hexdigest()[:16]
+
+
 def describe_model(model: str) -> str:
     """verifier.model as a report shows it."""
     from eagle3lib.model.packaged import PACKAGED

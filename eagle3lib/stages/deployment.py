@@ -12,6 +12,7 @@ import polars as pl
 from eagle3lib.analysis.deployment import (
     CPU_ROW,
     build_plan,
+    check_published_rows,
     cpu_comparison,
     hardware_names,
     machine,
@@ -32,6 +33,7 @@ def run(ctx: StageContext) -> dict[str, Any]:
     timer = StageTimer(ctx.dir, ctx.manifest_params())
     table = load_hardware(resolve_path(cfg.hardware_file))
     names = hardware_names(cfg, ctx.profile, table)
+    check_published_rows(cfg, table)
     src = source_run(cfg, ctx.run_dir)
     results = read_results(src)
     plan, inputs = build_plan(cfg, ctx.profile, src, results)

@@ -46,7 +46,7 @@ def load_inputs(cfg: TrainConfig, vcfg: VerifierConfig, store_dir: Path,
         reader = HiddenStateReader(store_dir)
     except StoreError as e:
         raise TrainingError(str(e)) from None
-    check_store(reader.meta, store_dir, vconf, aux_ids, cfg.hidden_states)
+    check_store(reader.meta, store_dir, vconf, aux_ids, cfg.hidden_states, vcfg.model, model_path)
     n_all = len(reader) if cfg.max_samples is None else min(len(reader), cfg.max_samples)
     if n_all == 0:
         raise TrainingError(f"{store_dir}: the hidden-state store holds no samples (did the extract stage run?)")

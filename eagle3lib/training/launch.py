@@ -8,6 +8,7 @@ from typing import Any
 
 from eagle3lib.config.stages import StageContext
 from eagle3lib.core.manifest import read_manifest
+from eagle3lib.core.stage_lock import running
 from eagle3lib.core.torchrun import failure_cause, run_streamed, torchrun_command, torchrun_env
 from eagle3lib.data.packing import validation_count
 from eagle3lib.data.store_index import read_index, store_totals
@@ -51,6 +52,8 @@ def launch(ctx: StageContext, *, echo=print) -> dict[str, Any]:
     the repository: `python -m` puts its folder on the path, and the repository's top-level `kernels/` must not shadow
     Hugging Face's `kernels` package there (ours is `eagle3lib.kernels`).
     """
+    if busy := running(ctx.run_dir, "extract"):  # its store is missing or partial until it completes
+        raise TrainingError(f"{busy}: {ctx.stage_dir('extract')} is still being written; train once it completes")
     check_trackers(ctx.cfg, ctx.dir)  # a tracker that cannot start fails now, not after torchrun's start-up
     _check_split(ctx)
     ctx.dir.mkdir(parents=True, exist_ok=True)  # the processes start in it

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from eagle3lib.config.train import TrainConfig
+from eagle3lib.model.verifier import weights_fingerprint
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig
@@ -57,9 +58,11 @@ def drafter_layer_for(cfg: TrainConfig, vconf: PretrainedConfig) -> str:
 
 
 def check_store(meta: dict[str, Any], store_dir: Path, vconf: PretrainedConfig, aux_ids: list[int],
-                hidden_states: str = "offline") -> None:
-    """Hidden states must come from the configured verifier: same hidden size, vocabulary and feature layers; an
-    offline run needs a store that holds them (online runs use its tokens only)."""
+                hidden_states: str = "offline", verifier: str = "", model_path: str = "") -> None:
+    """Hidden states must come from the configured verifier: the same weights (where the store recorded them), hidden
+    size, vocabulary and feature layers; an offline run needs a store that holds them (online runs use its tokens
+    only). Shapes alone let a store of builtin:tiny train a drafter labelled for tiny-long, and a fine-tune of the same
+    base would pass them too."""
     where = store_dir / "store.json"
     if hidden_states == "offline" and meta.get("dtype") == "none":
         raise TrainingError(f"{where}: the store holds tokens only (extracted for train.hidden_states="
@@ -74,5 +77,9 @@ def check_store(meta: dict[str, Any], store_dir: Path, vconf: PretrainedConfig, 
         problems.append(f"num_layers {meta['num_layers']} != the verifier's {vconf.num_hidden_layers}")
     if list(meta.get("aux_layer_ids", [])) != list(aux_ids):
         problems.append(f"aux_layer_ids {meta.get('aux_layer_ids')} != the profile's {aux_ids}")
+    theirs, ours = meta.get("verifier_weights"), weights_fingerprint(model_path) if model_path else None
+    if theirs and ours and theirs != ours:
+        problems.append(f"it was extracted from {meta.get('verifier')} ({meta.get('verifier_path')}, weights {theirs}), "
+                        f"this profile's verifier.model is {verifier} ({model_path}, weights {ours})")
     if problems:
         raise TrainingError(f"{where}: hidden states from a different verifier or layers ({'; '.join(problems)})")

@@ -20,6 +20,10 @@ Error policy, per request:
   without using up attempts, then `ServerUnreachable` stops the whole run (resumable) instead of marking every
   remaining prompt failed. With several servers it raises ServerDown at once instead: the prompt moves to another
   server (eagle3lib/vllm/dispatch.py).
+- A read timeout from a server that does not answer /health either (hung: SIGSTOP, a deadlock) is the server's fault,
+  not the prompt's: it is waited for like a refused connection (ServerUnreachable / ServerDown), instead of using up
+  the prompt's attempts and recording every prompt failed. A server whose /health answers is alive: the timeout is the
+  prompt's (an answer longer than request_timeout_s) and counts as an attempt.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -99,6 +104,7 @@ class RetryPolicy:
     backoff_base_s: float = 1.0
     backoff_max_s: float = 30.0
     server_down_wait_s: float = 600.0
+    health_timeout_s: float = 10.0  # a live server answers /health at once, even with a full batch
 
     def delay(self, retry: int) -> float:
         """Full jitter: uniform in [0, min(cap, base * 2^retry)] (spreads a herd of retries after a server restart)."""
@@ -134,11 +140,22 @@ def _describe(e: Exception) -> str:
     return f"{type(e).__name__}: {e}".strip().rstrip(":")[:ERROR_CHARS]
 
 
+async def answers_health(http: httpx.AsyncClient, timeout_s: float) -> bool:
+    """Whether the server answers GET /health with 200 within `timeout_s` (vLLM's asks the engine too)."""
+    try:
+        r = await http.get("/health", timeout=timeout_s)
+    except httpx.HTTPError:
+        return False
+    return r.status_code == 200
+
+
 async def chat_with_retries(http: httpx.AsyncClient, payload: dict[str, Any], policy: RetryPolicy,
-                            on_retry=None, failover: bool = False) -> Reply:
-    """POST one chat completion, retrying per the module's policy. `on_retry(reason)` is called before each retry.
-    `failover` (several servers, eagle3lib/vllm/dispatch.py): a refused connection raises ServerDown at once instead
-    of waiting for this server to come back."""
+                            on_retry: Callable[[str], None] | None = None, failover: bool = False,
+                            on_response: Callable[[], None] | None = None) -> Reply:
+    """POST one chat completion, retrying per the module's policy. `on_retry(reason)` is called before each retry,
+    `on_response()` whenever an HTTP response came back (any status: the server is alive). `failover` (several
+    servers, eagle3lib/vllm/dispatch.py): a refused connection, or a server found hung, raises ServerDown at once
+    instead of waiting for this server to come back."""
     attempts = 0  # every request sent
     counted = 0  # the ones that use up max_attempts (not the refused connections of a server that is down)
     retry = 0
@@ -146,6 +163,7 @@ async def chat_with_retries(http: httpx.AsyncClient, payload: dict[str, Any], po
     while True:
         attempts += 1
         error: str
+        sent_at = time.monotonic()
         try:
             r = await http.post("/v1/chat/completions", json=payload)
         except (httpx.ConnectError, httpx.ConnectTimeout) as e:
@@ -164,8 +182,25 @@ async def chat_with_retries(http: httpx.AsyncClient, payload: dict[str, Any], po
             continue
         except (httpx.TimeoutException, httpx.NetworkError, httpx.RemoteProtocolError) as e:
             error = _describe(e)  # read timeout, or the connection dropped mid-request (server died, restarted)
+            if isinstance(e, httpx.TimeoutException) and not await answers_health(http, policy.health_timeout_s):
+                if failover:
+                    raise ServerDown(f"{http.base_url}: no answer, not even to /health: {error}") from e
+                down_since = down_since if down_since is not None else sent_at
+                now = time.monotonic()
+                if now - down_since >= policy.server_down_wait_s:
+                    raise ServerUnreachable(
+                        f"verifier server {http.base_url} answered nothing for {now - down_since:.0f} s, not even "
+                        f"/health (the wait allowed: {policy.server_down_wait_s:g} s): it accepts connections but "
+                        f"is hung (stopped? deadlocked?): {error}") from e
+                if on_retry:
+                    on_retry("hung")
+                await asyncio.sleep(policy.delay(retry))
+                retry += 1
+                continue
         else:
             down_since = None
+            if on_response:
+                on_response()
             if r.status_code == 200:
                 try:
                     body = r.json()

@@ -7,13 +7,23 @@ worker that got its answer records it, so nothing is answered twice:
 
 - One server: requests retry per `eagle3lib.vllm.client` (a server that is down is waited for, up to
   the caller's wait: generate.server_down_wait_s), exactly as without this module.
-- Several servers: a refused connection means that server is down. Its worker puts the prompt back at the head of
+- Several servers: a refused connection (or no answer at all, not even to /health: a hung server) means that
+  server is down. Its worker puts the prompt back at the head of
   the queue (another server answers it), and the lane's workers stop taking prompts and probe its /health every few
   seconds; a server that comes back (restarted by its operator) takes prompts again. Requests that die mid-flight
   (the connection dropped) are retried on the same server first, and move as soon as it refuses connections. When
   every server has been down for server_down_wait_s, the run stops with ServerUnreachable (and resumes later).
 
 vLLM's own `--data-parallel-size` is the other way to use several GPUs groups behind one URL: it needs none of this.
+
+A server that answers nothing (`StallWatch`): one stopped with SIGSTOP (or deadlocked) still accepts connections (the
+kernel completes the handshake), so no request fails or times out before the read timeout, hours for reasoning
+models: a generate run once printed nothing for 12 minutes while its prompts were recorded failed one by one. The
+watch keeps, per server, when it last answered (any HTTP response, an error status included) and, while requests are
+in flight, says so every `report_s` of silence; after `stop_s` of silence with no other server answering, it asks
+each silent one's /health: when none answers, ServerUnreachable names them (the caller's run stops, resumable). A
+server whose /health answers is alive and busy (long reasoning): it is waited for. Read timeouts from a hung server
+are kept from using up the prompts' attempts by the client (eagle3lib/vllm/client.py).
 """
 
 from __future__ import annotations
@@ -27,7 +37,7 @@ from typing import Any
 
 import httpx
 
-from eagle3lib.vllm.client import ServerUnreachable
+from eagle3lib.vllm.client import ServerUnreachable, answers_health
 
 PROBE_S = 2.0  # how often a down server's /health is asked
 
@@ -83,7 +93,7 @@ async def dispatch(items: list[Any], lanes: list[Lane], send: Callable[[Lane, An
             if lane.down_since is not None:
                 if all_down_too_long():
                     raise ServerUnreachable(f"every verifier server ({', '.join(x.url for x in lanes)}) refused "
-                                            f"connections for {down_wait_s:g} s (the wait allowed)")
+                                            f"connections or answered nothing for {down_wait_s:g} s (the wait allowed)")
                 await asyncio.sleep(PROBE_S)
                 if lane.down_since is not None and await _probe(lane):
                     lane.down_since = None  # back: take prompts again
@@ -124,3 +134,57 @@ async def dispatch(items: list[Any], lanes: list[Lane], send: Callable[[Lane, An
         for w in workers:
             w.cancel()
         await asyncio.gather(*workers, return_exceptions=True)
+
+
+class StallWatch:
+    """Silence per server (module doc): `answered(lane)` on every HTTP response, `run()` beside the requests; `say`
+    gets each console line, without the caller's prefix."""
+
+    def __init__(self, lanes: list[Lane], report_s: float, stop_s: float, health_timeout_s: float,
+                 say: Callable[[str], None]):
+        self.lanes, self.report_s, self.health_timeout_s, self.say = lanes, report_s, health_timeout_s, say
+        self._check_after = max(stop_s, report_s)  # a stop is said on the console first, even with stop_s 0
+        now = time.monotonic()
+        self._heard = {lane.url: now for lane in lanes}
+        self._next_report = {lane.url: report_s for lane in lanes}  # silence at which the next console line is due
+        self._next_check = {lane.url: self._check_after for lane in lanes}  # silence at which /health is asked next
+
+    def answered(self, lane: Lane) -> None:
+        self._heard[lane.url] = time.monotonic()
+        self._next_report[lane.url], self._next_check[lane.url] = self.report_s, self._check_after
+
+    def _silence(self, lane: Lane, now: float) -> float:
+        if not lane.in_flight:  # nothing awaited from it: idle, not silent
+            self.answered(lane)
+        return now - self._heard[lane.url]
+
+    async def run(self) -> None:
+        """Until cancelled; raises ServerUnreachable to stop the run."""
+        poll_s = max(0.2, min(2.0, self.report_s / 4))
+        while True:
+            await asyncio.sleep(poll_s)
+            now = time.monotonic()
+            silence = {lane.url: self._silence(lane, now) for lane in self.lanes}
+            for lane in self.lanes:
+                s = silence[lane.url]
+                if s >= self._next_report[lane.url]:
+                    self._next_report[lane.url] = s + self.report_s
+                    self.say(f"no answer completed for {s:.0f} s ({lane.in_flight} in flight); the server at "
+                             f"{lane.url} may be hung")
+            silent = [lane for lane in self.lanes if lane.in_flight and silence[lane.url] >= self._next_check[lane.url]]
+            # another server still answering carries the run; a hung one's requests move when they time out
+            if not silent or any(lane.in_flight and silence[lane.url] < self._check_after and lane.down_since is None
+                                 for lane in self.lanes):
+                continue
+            alive = await asyncio.gather(*(answers_health(lane.http, self.health_timeout_s) for lane in silent))
+            if not any(alive):
+                raise ServerUnreachable(
+                    "; ".join(f"verifier server {lane.url} answered nothing for {silence[lane.url]:.0f} s with "
+                              f"{lane.in_flight} requests in flight, nor /health" for lane in silent)
+                    + ": hung (stopped? deadlocked?) or down. The answers so far are kept: check the server, then "
+                    "re-run to resume")
+            for lane, ok in zip(silent, alive, strict=True):  # asked again after as long a silence
+                self._next_check[lane.url] = silence[lane.url] + self._check_after
+                if ok:
+                    self.say(f"the server at {lane.url} answers /health but no request for "
+                             f"{silence[lane.url]:.0f} s: answers longer than that (long reasoning?); waiting")

@@ -82,11 +82,25 @@ def log_cause(path: Path | None) -> str | None:
     return f"{best.group(1)}: {best.group(2).strip()}" if best else None
 
 
+def signal_of(returncode: int) -> signal.Signals | None:
+    """The signal that stopped a process: -N from Popen, 128 + N through the process guard (core/guard.py)."""
+    n = -returncode if returncode < 0 else returncode - 128 if 128 < returncode < 128 + 65 else 0
+    try:
+        return signal.Signals(n) if n else None
+    except ValueError:
+        return None
+
+
 def wait_healthy(base_url: str, timeout_s: float, proc: subprocess.Popen | None = None, log: Path | None = None,
                  headers: dict[str, str] | None = None) -> None:
     deadline = time.time() + timeout_s
     while time.time() < deadline:
         if proc is not None and proc.poll() is not None:
+            if killed_by := signal_of(proc.returncode):  # the log's last error line (ulimit advice) is not why
+                name = killed_by.name
+                why = " (the out-of-memory killer, or another process)" if name == "SIGKILL" else ""
+                raise ServerError(f"vLLM server was killed by {name} during start-up{why}; log tail ({log}):\n"
+                                  f"{_tail(log)}")
             cause = log_cause(log)
             raise ServerError(f"vLLM server exited with code {proc.returncode} during start-up"
                               f"{f' ({cause})' if cause else ''}; log tail ({log}):\n{_tail(log)}")
