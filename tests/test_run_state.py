@@ -1,8 +1,8 @@
 # .venv/bin/python -m pytest -q tests/test_run_state.py
 """Damaged or contended run state, as a run meets it: nothing finished is lost or redone (forced re-runs, stale and
 damaged manifests, one run per stage folder), failures before and under torchrun are one line naming the cause, and
-a full disk leaves the last good state. Bad input itself (parameters, datasets, stores, checkpoints):
-tests/test_bad_inputs.py, whose helpers this file shares."""
+a full disk leaves the last good state. Bad input itself (parameters, datasets, stores): tests/test_bad_inputs.py,
+whose helpers this file shares; checkpoints: tests/test_bad_checkpoints.py."""
 
 from __future__ import annotations
 

@@ -283,9 +283,9 @@ def main() -> int:
     from eagle3lib.config.stages import open_stage
     from eagle3lib.data.hidden_store import HiddenStateReader
     from eagle3lib.data.packing import split_samples
-    from eagle3lib.evaluation.inputs import eos_ids, select_prompts
+    from eagle3lib.evaluation.inputs import select_prompts
     from eagle3lib.evaluation.phases import fingerprint
-    from eagle3lib.model.verifier import load_tokenizer, resolve_model
+    from eagle3lib.model.verifier import eos_ids, load_tokenizer, resolve_model
 
     over = parse_set(a.set)
     tag = f"-{a.tag}" if a.tag else ""

@@ -150,6 +150,35 @@ def val_by_epoch(frame: pl.DataFrame) -> plt.Figure | None:
     return fig
 
 
+def served_vs_estimate(frame: pl.DataFrame) -> plt.Figure | None:
+    """The served probes' measured tau (greedy: circles, sampled: triangles; train.served_eval_every) against the
+    validation estimate (diamonds) by step: does the estimate the checkpoint choice reads track what serving gets?
+    None when no run has probe records."""
+    if "kind" not in frame.columns or not frame.filter(pl.col("kind") == "served").height:
+        return None
+    runs = frame["run"].unique(maintain_order=True).to_list()
+    palette = _palette(runs)
+    fig, ax = plt.subplots(figsize=(7.5, 4))
+    series = (("val", "tau_est", "D", "-", "validation estimate"), ("served", "tau_greedy", "o", "-", "served, greedy"),
+              ("served", "tau_sampled", "^", "--", "served, sampled"))
+    for run in runs:
+        for kind, col, marker, ls, _ in series:
+            if col not in frame.columns:
+                continue
+            f = frame.filter((pl.col("run") == run) & (pl.col("kind") == kind) & pl.col(col).is_not_null()).sort("step")
+            if f.height:
+                ax.plot(f["step"].to_list(), f[col].to_list(), marker=marker, ls=ls, ms=5, color=palette[run], lw=1.2)
+    handles = [Line2D([], [], color=c, lw=2, label=r) for r, c in palette.items()]
+    handles += [Line2D([], [], color="k", marker=m, ls=ls, label=lab) for _, _, m, ls, lab in series]
+    ax.legend(handles=handles, fontsize=8)
+    ax.set_xlabel("step")
+    ax.set_ylabel("tau (accepted tokens per verifier pass)")
+    ax.set_title("Acceptance as served during training vs the validation estimate")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
 # ------------------------------------------------------------------------------------------------- cost
 def cost_overview(cp: CostProjection) -> plt.Figure:
     """Hours per hardware row stacked by stage, and cost, each with the range of the speed factor and price."""

@@ -108,6 +108,18 @@ class TrainConfig(TorchrunConfig):
     # it is refused before training, with the longest packed_row_tokens that fits
     threads: int | None = Field(None, ge=1)  # torch CPU threads per process; None = cores / processes per node
 
+    # --- acceptance as served, measured during training (eagle3lib/training/served_probe.py)
+    served_eval_every: int = Field(0, ge=0)  # optimizer steps between served-acceptance probes (and one at the last
+    # step): the drafter's tau by real speculative decoding (the library's, with the HF verifier in this process, as
+    # the evaluate stage measures it) beside the validation estimate; 0 = off. Worth it where the verifier is small
+    served_eval_prompts: int = Field(8, ge=1)  # held-out prompts per probe: the first validation samples by id, the
+    # same every probe, so probes compare checkpoints and not prompts
+    served_eval_max_tokens: int = Field(64, ge=1)  # tokens each probe answer runs to (the probe's cost grows with it)
+    served_eval_temperature: float = Field(0.6, ge=0)  # the sampled probe's temperature (the profile's serving
+    # temperature: evaluate.temperature); 0 = greedy only
+    best_by: Literal["estimate", "served_greedy", "served_sampled"] = "estimate"  # what picks train/best/: the
+    # validation's tau estimate (every epoch), or the probe's served tau, greedy or sampled (every probe)
+
     # --- logging and checkpoints
     log_every: int = Field(10, ge=1)  # optimizer steps per metrics record (and console line)
     ckpt_every: int = Field(200, ge=1)  # optimizer steps between checkpoints (a final one is always written)
@@ -158,4 +170,9 @@ class TrainConfig(TorchrunConfig):
             # vLLM 0.32's speculators reader for peagle passes neither flag on, and peagle drafters are llama layers
             raise ValueError("train.parallel_drafting: vLLM serves P-EAGLE drafters as llama layers without fc_norm / "
                              "norm_output; set train.drafter_layer: llama and leave both flags false")
+        if self.best_by != "estimate" and not self.served_eval_every:
+            raise ValueError(f"train.best_by: {self.best_by} needs served probes: set train.served_eval_every (steps "
+                             "between probes)")
+        if self.best_by == "served_sampled" and not self.served_eval_temperature:
+            raise ValueError("train.best_by: served_sampled needs train.served_eval_temperature > 0")
         return self

@@ -104,21 +104,6 @@ def check_drafter(ckpt: Path, dcfg, vconf, model_path: str, cuda: bool = False) 
                             f"({'; '.join(problems)})")
 
 
-def eos_ids(tokenizer, model_path: str) -> list[int]:
-    """The tokenizer's EOS plus the generation config's eos_token_id (vLLM stops on both)."""
-    ids = set()
-    if tokenizer.eos_token_id is not None:
-        ids.add(int(tokenizer.eos_token_id))
-    try:
-        from transformers import GenerationConfig
-
-        e = GenerationConfig.from_pretrained(model_path).eos_token_id
-    except Exception:  # no generation_config.json: the tokenizer's EOS only
-        e = None
-    ids.update([int(x) for x in e] if isinstance(e, list) else [int(e)] if e is not None else [])
-    return sorted(ids)
-
-
 def prompt_hash(messages: list[dict[str, Any]]) -> str:
     return hashlib.sha1(json.dumps(messages, sort_keys=True).encode()).hexdigest()
 

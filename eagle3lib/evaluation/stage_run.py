@@ -32,7 +32,6 @@ from eagle3lib.evaluation.drafters import checked_drafters, compare_drafters
 from eagle3lib.evaluation.inputs import (
     EvaluateError,
     check_drafter,
-    eos_ids,
     prompts_in_training,
     resolve_checkpoint,
     select_prompts,
@@ -52,6 +51,7 @@ from eagle3lib.evaluation.results import (
 from eagle3lib.evaluation.same_dist import same_distribution_estimate
 from eagle3lib.evaluation.servers import Servers, pass_settings
 from eagle3lib.evaluation.turns import later_turn_conversations, verifier_answer
+from eagle3lib.model.verifier import eos_ids
 from eagle3lib.trackers.run import log_evaluation
 from eagle3lib.vllm.endpoint import ServerError
 from eagle3lib.vllm.measure import EvalPrompt, ServingError, measure_vllm

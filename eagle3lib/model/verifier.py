@@ -76,6 +76,21 @@ def weights_fingerprint(model_path: str | Path) -> str | None:
     return h.hexdigest()[:16]
 
 
+def eos_ids(tokenizer: Any, model_path: str) -> list[int]:
+    """The tokenizer's EOS plus the generation config's eos_token_id (vLLM stops on both)."""
+    ids = set()
+    if tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    try:
+        from transformers import GenerationConfig
+
+        e = GenerationConfig.from_pretrained(model_path).eos_token_id
+    except Exception:  # no generation_config.json: the tokenizer's EOS only
+        e = None
+    ids.update([int(x) for x in e] if isinstance(e, list) else [int(e)] if e is not None else [])
+    return sorted(ids)
+
+
 def describe_model(model: str) -> str:
     """verifier.model as a report shows it."""
     from eagle3lib.model.packaged import PACKAGED

@@ -30,6 +30,7 @@ class Best:
     last_val_tau_est: float | None = None  # the latest validation's estimate: is the run still improving?
     train_tau_est: float | None = None  # the last train record's estimate up to that step: the training-split
     train_cond_acc: list[float] | None = None  # estimate of these weights, which evaluate shows beside the measured tau
+    by: str = "estimate"  # what the score is (train.best_by): the validation's tau estimate, or a served probe's tau
 
     def state(self) -> dict[str, Any]:
         return asdict(self)
@@ -60,11 +61,16 @@ class Best:
         """The last validation is the best: more epochs or more data may still raise acceptance."""
         return self.validations > 0 and self.last_val_tau_est is not None and self.last_val_tau_est >= self.val_tau_est
 
+    @property
+    def score_name(self) -> str:
+        """The figure the score is written as: best_val_tau_est, or best_served_greedy_tau / best_served_sampled_tau."""
+        return "best_val_tau_est" if self.by == "estimate" else f"best_{self.by}_tau"
+
     def figures(self, val_rec_of_best: dict[str, Any] | None, ttt_steps: int) -> dict[str, Any]:
         """Manifest figures of the chosen drafter: where it is, its estimate, and its per-step accuracies (so
         evaluate compares the measured tau with the estimate of the drafter it measures)."""
         f: dict[str, Any] = {"best_step": self.step or None, "best_epoch": round(self.epoch, 4) if self.step else None,
-                             "best_val_tau_est": self.val_tau_est if self.step else None,
+                             self.score_name: self.val_tau_est if self.step else None, "best_by": self.by,
                              "still_improving": self.still_improving, "validations": self.validations}
         f["best_train_tau_est"] = self.train_tau_est if self.step else None
         for k in range(ttt_steps):
@@ -75,7 +81,8 @@ class Best:
 
 def selection(best: Best) -> dict[str, Any]:
     """best/selection.json: which validation chose this drafter."""
-    return {"step": best.step, "epoch": best.epoch, "val_tau_est": best.val_tau_est, "chosen_by": "val_tau_est"}
+    name = best.score_name.removeprefix("best_")
+    return {"step": best.step, "epoch": best.epoch, name: best.val_tau_est, "chosen_by": name}
 
 
 def read_selection(best_dir: Path) -> dict[str, Any] | None:

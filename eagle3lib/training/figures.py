@@ -52,8 +52,23 @@ def run_figures(t, last_train: dict[str, Any], last_val: dict[str, Any], best_va
         "init_from": t.cfg.init_from,
         "train_fraction": t.cfg.train_fraction,
         **t.best.figures(best_val, t.cfg.ttt_steps),
+        **served_figures(t),
     })
     return figures
+
+
+def served_figures(t) -> dict[str, Any]:
+    """The served-acceptance probes of this run (train.served_eval_every): the last one's taus and what they cost."""
+    if not t.cfg.served_eval_every:
+        return {}
+    recs = t.served_records
+    last = recs[-1] if recs else {}
+    cost = sum(r["probe_s"] + r["load_s"] for r in recs)
+    return {"served_probes": len(recs), "served_probe_s": round(cost, 2),
+            "served_probe_share": round(cost / (time.time() - t.t_start), 4) if recs else None,
+            "served_prompts": last.get("prompts"), "served_tau_greedy": last.get("tau_greedy"),
+            "served_tau_sampled": last.get("tau_sampled"),
+            **{f"served_accept_rate_pos_greedy_{k}": v for k, v in enumerate(last.get("accept_rate_pos_greedy") or [])}}
 
 
 def outside_draft_vocab(t, last_val: dict[str, Any]) -> dict[str, Any]:

@@ -54,7 +54,8 @@ def finish(t: Trainer, log: Callable[[str], None]) -> dict[str, Any]:
     log(f"done: {t.progress.step} steps, tau_est {figures['tau_est']}, val_tau_est {figures['val_tau_est']}; "
         f"checkpoint {final_dir.name}/")
     if t.best.step:
-        log(f"best validation: step {t.best.step} (epoch {t.best.epoch:.2f}), val_tau_est "
+        what = "validation" if t.best.by == "estimate" else "served probe"
+        log(f"best {what}: step {t.best.step} (epoch {t.best.epoch:.2f}), {t.best.score_name.removeprefix('best_')} "
             f"{t.best.val_tau_est:.3f}: train/best/" + (
                 "; still improving at the last validation: more epochs or more data may raise it further"
                 if t.best.still_improving else ""))

@@ -57,6 +57,7 @@ from eagle3lib.training.inputs import load_inputs
 from eagle3lib.training.memory_model import check_train_memory
 from eagle3lib.training.metrics import MetricsWriter, console_line, ordered_record, peak_mem_mb, read_metrics
 from eagle3lib.training.progress import Progress, Window, lr_at
+from eagle3lib.training.served_probe import ServedProbe, served_score
 from eagle3lib.training.setup import (
     TrainingDiverged,
     TrainingError,
@@ -221,6 +222,9 @@ class Trainer:
         self.last_train: dict[str, Any] = {}
         self.last_val: dict[str, Any] = {}
         self.saved_step = self.progress.step if self.resumed_from else -1
+        self.probe = ServedProbe(self) if cfg.served_eval_every else None
+        self.served_records: list[dict[str, Any]] = []
+        self.best.by = cfg.best_by
         if self.resumed_from is not None:
             restore_best(self, log)
         pool = ThreadPoolExecutor(1)
@@ -254,18 +258,24 @@ class Trainer:
                 if pr.step % cfg.log_every == 0 or pr.step == plan.total_steps:
                     self._log_train(lr, grad_norm)
                 end_of_epoch = pr.step == plan.total_steps or plan.locate(pr.step)[0] != e
+                probe_now = self.probe is not None and self.probe.due(pr.step, plan.total_steps)
+                if (end_of_epoch and self.vrows or probe_now) and next_batches is not None:
+                    next_batches.result()  # the reader is not shared between threads: let the prefetch finish
+                chosen = None  # the record train/best/ is chosen by at this step (train.best_by)
                 if end_of_epoch and self.vrows:
-                    if next_batches is not None:
-                        next_batches.result()  # the reader is not shared between threads: let the prefetch finish
                     self.last_val = validate(self)
                     self._emit(self.last_val)
-                    score(self, self.last_val)
+                    chosen = self.last_val if cfg.best_by == "estimate" else None
+                if probe_now:
+                    chosen = self._served_probe() if cfg.best_by != "estimate" else chosen
+                if chosen is not None:
+                    score(self, chosen)
                     if cfg.patience and self.best.since_best >= cfg.patience:
                         if self.window.steps:  # the open logging window is written before the run ends
                             self._log_train(lr, grad_norm)
                         self.stopped_early = True
-                        log(f"no better validation in {cfg.patience} (train.patience): stopping at step {pr.step} of "
-                            f"{plan.total_steps}; best step {self.best.step}")
+                        log(f"no better {self.best.score_name} in {cfg.patience} (train.patience): stopping at step "
+                            f"{pr.step} of {plan.total_steps}; best step {self.best.step}")
                         break
                 if seal:
                     self.states.cache.seal()
@@ -280,6 +290,21 @@ class Trainer:
             if old_handler is not None:
                 signal.signal(signal.SIGTERM, old_handler)
         return finish(self, log)
+
+    def _served_probe(self) -> dict[str, Any] | None:
+        """One served-acceptance probe (eagle3lib/training/served_probe.py): its record on rank 0's metrics, and the
+        record the checkpoint choice reads, alike on every rank (rank 0 measured; the others are told)."""
+        rec = self.probe.measure(self)
+        if rec is not None:
+            self.served_records.append(rec)
+            self._emit(rec)
+        tau = served_score(rec, self.cfg.best_by)["tau_est"] if rec else None
+        got = dist.all_reduce_(torch.tensor([tau if tau is not None else 0.0, 1.0 if tau is not None else 0.0],
+                                            dtype=torch.float64, device=self.device))
+        if not got[1]:
+            return None
+        return {"step": self.progress.step, "epoch": round(self.plan.epoch_float(self.progress.step - 1), 4),
+                "tau_est": float(got[0])}
 
     def _cache_open(self) -> bool:
         return self.states is not None and self.states.cache is not None

@@ -6,6 +6,9 @@ Record schema (the learning-curves notebook reads it):
           "grad_norm", "peak_mem_mb", "time" (unix), "elapsed_s"}
   val:   {"kind": "val", "step", "epoch", "time", "elapsed_s", "tokens", "samples", "loss", "loss_k", "full_acc_k",
           "cond_acc_k", "tau_est"}
+  served: {"kind": "served", "step", "epoch", "prompts", "tau_greedy", "accept_rate_pos_greedy", "output_tokens_greedy",
+          the same for "sampled" (train.served_eval_temperature > 0), "probe_s", "load_s", "time", "elapsed_s"}
+          (train.served_eval_every: eagle3lib/training/served_probe.py)
 The file is appended and flushed record by record, so a reader can follow it live; `read_metrics` ignores a torn last
 line. On resume, records past the checkpoint's step are dropped first (atomically), so the file has no duplicates.
 """
@@ -82,6 +85,11 @@ def ordered_record(rec: dict[str, Any], K: int) -> dict[str, Any]:
 
 
 def console_line(rec: dict[str, Any], K: int) -> str:
+    if rec["kind"] == "served":
+        modes = [m for m in ("greedy", "sampled") if f"tau_{m}" in rec]
+        taus = " ".join(f"{m} {rec[f'tau_{m}']:.3f}" for m in modes)
+        return (f"[served] step {rec['step']:>5} epoch {rec['epoch']:.2f} | tau {taus} | {rec['prompts']} prompts | "
+                f"probe {rec['probe_s']:.1f} s")
     if rec["kind"] == "val":
         accs = " ".join(f"{rec[f'full_acc_{k}']:.3f}" for k in range(K))
         return (f"[val]   step {rec['step']:>6} epoch {rec['epoch']:.2f} | loss {rec['loss']:.4f} | full_acc {accs} | "

@@ -41,7 +41,7 @@ def finished_with(train_dir: Path, params: dict[str, Any], ignore: frozenset[str
 def outcome_lines(echo):
     """A variant's console: how its training ended, not every step (the report stays readable; the step lines are in
     its metrics.jsonl)."""
-    keep = ("] done:", "best validation", "train.patience", "rror", "resuming from")
+    keep = ("] done:", "best validation", "best served probe", "train.patience", "rror", "resuming from")
     return lambda line: echo(line) if any(k in line for k in keep) else None
 
 
