@@ -76,6 +76,14 @@ class EvaluateConfig(StageConfig):
     ttt_steps_schedule: list[tuple[int, int, int]] | None = None  # with concurrency_sweep: serve and measure this
     # schedule, vLLM's (first batch size, last batch size, K) ranges (e.g. the one deployed today), instead of the one
     # derived from the grid (still reported); None = the derived one
+    draft_sample_methods: list[Literal["greedy", "probabilistic"]] = []  # also measure sampled tau through vLLM
+    # with the drafter proposing its argmax ("greedy": vLLM's default, q one-hot in the ratio test) and sampling from
+    # q ("probabilistic": its full q in the ratio test), each on its own server, every prompt alone at each of
+    # sampling_temperatures: tau with its interval over prompts, the gain over "greedy" paired by prompt, and the
+    # library's tau with the same drafting beside it (eagle3lib/evaluation/draft_sampling.py); [] = none
+    sampling_temperatures: list[float] = []  # the temperatures of that comparison; [] = evaluate.temperature
+    block_verification: bool = False  # with draft_sample_methods: each also served with vLLM's block verification
+    # (rejection_sample_method: block); a vLLM that cannot serve it here is said so, with the command for a GPU
     context_buckets: list[int] = []  # context-length edges in tokens, e.g. [4096, 8192]: tau also per bucket ("<4K",
     # "4K-8K", ">=8K"): the library per round (prompt + tokens generated so far), vLLM per prompt-length group
     # (eagle3lib/data/context_buckets.py); [] = none
@@ -107,6 +115,13 @@ class EvaluateConfig(StageConfig):
             check_schedule(self.ttt_steps_schedule, "evaluate.ttt_steps_schedule")
         if self.context_buckets != sorted(set(self.context_buckets)) or any(e < 1 for e in self.context_buckets):
             raise ValueError(f"evaluate.context_buckets: increasing token counts >= 1, got {self.context_buckets}")
+        if self.block_verification and not self.draft_sample_methods:
+            raise ValueError("evaluate.block_verification is measured beside evaluate.draft_sample_methods: set both")
+        if any(t <= 0 for t in self.sampling_temperatures):
+            raise ValueError(f"evaluate.sampling_temperatures: sampled decoding, every temperature > 0, got "
+                             f"{self.sampling_temperatures}")
+        if (self.draft_sample_methods or self.sampling_temperatures) and not self.vllm:
+            raise ValueError("evaluate.draft_sample_methods are measured through vLLM: it needs evaluate.vllm true")
         if any(k < 1 for k in self.ttt_steps_sweep):
             raise ValueError(f"evaluate.ttt_steps_sweep: every K is at least 1, got {self.ttt_steps_sweep}")
         return self

@@ -11,7 +11,7 @@ not what users get on the answers they read, so it is reported apart from tau on
 from __future__ import annotations
 
 import random
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from eagle3lib.data.loops import loops
@@ -54,22 +54,34 @@ def ratio_interval(a: Sequence[dict[str, Any]], b: Sequence[dict[str, Any]], lev
                    samples: int = BOOTSTRAP_SAMPLES, seed: int = 0) -> tuple[float, float] | None:
     """Interval of tau(a) / tau(b) for two drafters measured on the same prompts (rows matched by `id`): the same
     prompts resampled for both, so a prompt that is easy for both does not widen it."""
+    return paired_interval(a, b, lambda ta, tb: ta / tb, level, samples, seed)
+
+
+def difference_interval(a: Sequence[dict[str, Any]], b: Sequence[dict[str, Any]], level: float = 0.95,
+                        samples: int = BOOTSTRAP_SAMPLES, seed: int = 0) -> tuple[float, float] | None:
+    """Interval of tau(a) - tau(b) on the same prompts, paired as ratio_interval: a gain in accepted tokens per round."""
+    return paired_interval(a, b, lambda ta, tb: ta - tb, level, samples, seed)
+
+
+def paired_interval(a: Sequence[dict[str, Any]], b: Sequence[dict[str, Any]], op: Callable[[float, float], float],
+                    level: float = 0.95, samples: int = BOOTSTRAP_SAMPLES, seed: int = 0) -> tuple[float, float] | None:
+    """Percentile bootstrap of op(tau(a), tau(b)), the matched prompts resampled together."""
     bb = {r["id"]: r for r in b}
     pairs = [(r, bb[r["id"]]) for r in a if r["id"] in bb]
     if len(pairs) < 2:
         return None
     rng = random.Random(seed)
     n = len(pairs)
-    ratios = []
+    values = []
     for _ in range(samples):
         idx = [rng.randrange(n) for _ in range(n)]
         ta, tb = pooled([pairs[i][0] for i in idx])["tau"], pooled([pairs[i][1] for i in idx])["tau"]
         if ta is not None and tb:
-            ratios.append(ta / tb)
-    if not ratios:
+            values.append(op(ta, tb))
+    if not values:
         return None
-    ratios.sort()
-    return ratios[int((1 - level) / 2 * len(ratios))], ratios[min(len(ratios) - 1, int((1 + level) / 2 * len(ratios)))]
+    values.sort()
+    return values[int((1 - level) / 2 * len(values))], values[min(len(values) - 1, int((1 + level) / 2 * len(values)))]
 
 
 def loop_split(rows: Sequence[dict[str, Any]], outputs: dict[str, Sequence[int] | None],

@@ -28,6 +28,7 @@ from eagle3lib.config.verifier import VerifierConfig
 from eagle3lib.core.atomic import write_json_atomic
 from eagle3lib.core.manifest import StageTimer, update_manifest
 from eagle3lib.evaluation.concurrency_grid import concurrency_grid, grid_figures, sweep_measurements
+from eagle3lib.evaluation.draft_sampling import draft_sampling, sampling_figures
 from eagle3lib.evaluation.drafters import checked_drafters, compare_drafters
 from eagle3lib.evaluation.inputs import (
     EvaluateError,
@@ -308,12 +309,26 @@ def sweeps(ev: Evaluation, k_model: Any) -> None:
         results["phases"]["k_sweep"] = {"seconds": round(time.time() - t0, 1)}
 
 
+def sampling(ev: Evaluation) -> None:
+    """Sampled tau by draft sample method (and block verification), each on its own server, every prompt alone, with
+    the library's tau beside it (eagle3lib/evaluation/draft_sampling.py)."""
+    ev.servers.close_all()  # each configuration's server measures alone
+    t0 = time.time()
+    block = draft_sampling(ev.cfg, ev.vcfg, ev.model_path, ev.ckpt, ev.prompts, ev.k, ev.eos, ev.out_dir, ev.vkey)
+    ev.results["draft_sampling"] = block
+    ev.results["phases"]["draft_sampling"] = {"seconds": round(time.time() - t0, 1)}
+    for name, why in block["unserved"].items():
+        ev.notes.append(f"evaluate.draft_sample_methods: {name} is not served by this vLLM here ({why}); on a GPU: "
+                        f"{block['gpu_command']}")
+
+
 def finish(ev: Evaluation, timer: StageTimer, plot: Callable[[dict[str, Any]], Any]) -> dict[str, Any]:
     """Figures, results.json, comparison.png (`plot`: results -> a matplotlib figure), the training run's trackers, the
     manifest."""
     results, notes, out_dir = ev.results, ev.notes, ev.out_dir
     results["table"] = comparison_rows(results)
-    figures = {**build_figures(results), **grid_figures(results.get("concurrency_grid"))}
+    figures = {**build_figures(results), **grid_figures(results.get("concurrency_grid")),
+               **sampling_figures(results.get("draft_sampling"))}
     notes.extend(disagreements(figures, results, ev.cfg))
     figures["warnings"] = len(notes)
     figures["wall_s"] = round(time.time() - ev.t_start, 1)

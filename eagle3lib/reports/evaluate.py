@@ -235,3 +235,22 @@ def plot_drafters(results: dict[str, Any]):
     b.legend(fontsize=7)
     fig.tight_layout()
     return fig
+
+
+def sampling_table(results: dict[str, Any]) -> pl.DataFrame | str:
+    """Sampled tau by draft sample method (evaluate.draft_sample_methods): one row per configuration and temperature,
+    tau with its interval over prompts, the gain over greedy drafting with its paired interval, the library's tau."""
+    block = results.get("draft_sampling")
+    if not block:
+        return ("No draft-sampling comparison in this run (evaluate.draft_sample_methods: [greedy, probabilistic] "
+                "measures one).")
+
+    def iv(x: Any) -> str | None:
+        return f"[{x[0]:.3f}, {x[1]:.3f}]" if x else None
+
+    rows = [{"variant": r["variant"], "temperature": r["temperature"], "tau": r["tau"],
+             "tau 95% interval": iv(r["tau_interval"]), "gain over greedy drafting": r["gain_over_greedy"],
+             "gain 95% interval": iv(r["gain_interval"]), "tau (library, same drafting)": r["tau_library"],
+             **{f"accept_rate_pos_{i}": a for i, a in enumerate(r["accept_rate_pos"] or [], 1)}}
+            for r in block["rows"]]
+    return pl.DataFrame(rows) if rows else "Every configuration failed to start: see the warnings."

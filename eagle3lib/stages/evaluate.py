@@ -43,6 +43,8 @@ def run(ctx: StageContext) -> dict[str, Any]:
                 phase.other_drafters(ev)
                 k_model = k_sweep_model(ctx.profile, ev.ckpt, ev.cfg.concurrency) if ev.cfg.ttt_steps_sweep else None
                 phase.sweeps(ev, k_model)
+                if ev.cfg.draft_sample_methods:
+                    phase.sampling(ev)
         finally:
             ev.servers.close_all()
         return phase.finish(ev, timer, plot_comparison)
