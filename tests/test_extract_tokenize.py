@@ -218,3 +218,27 @@ def test_answer_as_generated_after_earlier_turns_by_either_mask_method(tok):
     assert got["prefix"].input_ids.tolist() == [*head, *generated]
     first = plain.encode("4.<|im_end|>", add_special_tokens=False)  # Qwen3 drops an earlier turn's reasoning
     assert 0 < int(got["prefix"].loss_mask[: len(head)].sum()) == len(first)
+
+
+def test_samples_are_built_on_the_prompt_the_server_tokenized(tok):
+    """The server sends back the prompt's ids (vLLM's prompt_token_ids). Rendered alike here, the sample is the same
+    and earlier answers keep their mask; rendered otherwise (a system prompt the server's template flags added, other
+    chat_template_kwargs), the server's ids are the sample's, only the last answer in the loss, and it is counted."""
+    msgs = [{"role": "user", "content": "What is 2 + 2?"}, {"role": "assistant", "content": "4."},
+            {"role": "user", "content": "And 3 + 3?"}, {"role": "assistant", "content": "6."}]
+    generated = tok.encode("6.<|im_end|>", add_special_tokens=False)
+    here, here_mask = ChatTokenizer(tok, 4096).encode_generated(msgs, generated)
+    served = here[: len(here) - len(generated)].tolist()
+    stats = TokenizeStats()
+    (same,) = list(ChatTokenizer(tok, 4096)([Conversation("a", msgs, extra={
+        "answer_token_ids": generated, "prompt_token_ids": served})], stats))
+    assert same.input_ids.tolist() == here.tolist() and same.loss_mask.tolist() == here_mask.tolist()
+    assert here_mask[: len(served)].any()  # the first answer is in the loss
+    assert (stats.prompts_as_served, stats.prompts_rendered_differently) == (1, 0)
+    other = tok.apply_chat_template([{"role": "system", "content": "Be brief."}, *msgs[:-1]], add_generation_prompt=True,
+                                    tokenize=True, return_dict=True)["input_ids"]
+    (built,) = list(ChatTokenizer(tok, 4096)([Conversation("b", msgs, extra={
+        "answer_token_ids": generated, "prompt_token_ids": other})], stats))
+    assert built.input_ids.tolist() == [*other, *generated]
+    assert built.loss_mask.tolist() == [0] * len(other) + [1] * len(generated)
+    assert (stats.prompts_as_served, stats.prompts_rendered_differently, stats.prompt_examples) == (1, 1, ["b"])

@@ -243,6 +243,7 @@ def test_agentic_data_reaches_the_template_and_extraction_renders_the_same_token
                                        tokenize=False)
         want = tok.encode(text, add_special_tokens=False)
         assert c.extra["prompt_tokens"] == len(want), c.id
+        assert c.extra["prompt_token_ids"] == want, c.id  # the server's own ids, kept for extract
         ids, mask = ChatTokenizer(tok, 4096).encode(c.messages, c.tools)
         assert list(ids[: len(want)]) == want and mask[len(want):].any()
     weather = next(c for c in convs if c.tools and c.tools[0]["function"]["name"] == "get_weather")

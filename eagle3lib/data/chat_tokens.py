@@ -15,6 +15,12 @@ template re-renders an answer from its parsed reasoning and content, and a templ
 around them (the tiny verifier's adds newlines that vLLM's qwen3 parser leaves in both) trains the drafter on text the
 verifier never produced. Every such answer is also rendered the template's way and the two are compared
 (`rerendered_differently`), so a run says how much its template would have changed.
+The prompt as served: with the answer ids a record also carries the prompt's ids as the server tokenized it
+(`prompt_token_ids`). The sample is built on those, not on this process's rendering, which differs whenever the
+server rendered otherwise (generate's and extract's chat_template_kwargs differ, vLLM normalised tool definitions, the
+server has template flags). Where the renderings agree the sample is the same either way and earlier assistant turns
+keep their loss mask (`prompts_as_served`); where they differ, the server's ids are used with only the last answer in
+the loss, since this process cannot place earlier turns in ids it did not render (`prompts_rendered_differently`).
 Longer samples than `max_sample_tokens` are truncated or dropped; samples without any assistant token are skipped.
 """
 
@@ -70,9 +76,12 @@ class TokenizeStats:
     loss_tokens: int = 0  # in kept samples
     errors: list[str] = field(default_factory=list)  # first few messages of skipped bad samples
     rerendered_examples: list[str] = field(default_factory=list)  # first few sample ids rendered differently
+    prompts_as_served: int = 0  # samples built on the server's prompt ids, this process rendering the same ids
+    prompts_rendered_differently: int = 0  # ... where it renders other ids: the server's used, earlier turns unmasked
+    prompt_examples: list[str] = field(default_factory=list)  # first few sample ids whose prompt rendered differently
 
     def as_dict(self) -> dict[str, int]:
-        return {k: v for k, v in self.__dict__.items() if k not in ("errors", "rerendered_examples")}
+        return {k: v for k, v in self.__dict__.items() if k not in ("errors", "rerendered_examples", "prompt_examples")}
 
 
 def has_generation_markers(tokenizer: Any) -> bool:
@@ -240,10 +249,11 @@ class ChatTokenizer:
         return np.asarray(ids, dtype=np.int32), np.asarray(mask, dtype=bool)
 
     def encode_generated(self, messages: list[dict[str, Any]], answer_ids: list[int],
-                         tools: list[dict[str, Any]] | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """Everything before the last (assistant) turn rendered with the generation prompt, as the server rendered the
-        request, then that turn's generated ids, all of them in the loss mask (earlier assistant turns as `encode`
-        masks them)."""
+                         tools: list[dict[str, Any]] | None = None, prompt_ids: list[int] | None = None,
+                         stats: TokenizeStats | None = None, sample_id: str = "") -> tuple[np.ndarray, np.ndarray]:
+        """Everything before the last (assistant) turn as the server rendered the request (`prompt_ids`, when it sent
+        them back; else rendered here with the generation prompt), then that turn's generated ids, all of them in the
+        loss mask (earlier assistant turns as `encode` masks them, where this rendering is the server's)."""
         if not messages or messages[-1].get("role") != "assistant":
             raise TokenizeError("answer_token_ids given, but the conversation does not end with an assistant turn")
         msgs = _template_messages(messages[:-1])
@@ -252,6 +262,14 @@ class ChatTokenizer:
             ids, mask = _mask_by_generation(self.tok, msgs, kwargs, generation_prompt=True)
         else:
             ids, mask = _mask_by_prefixes(self.tok, msgs, kwargs, self.end_markers, generation_prompt=True)
+        if prompt_ids is not None and stats is not None:
+            if list(ids) == list(prompt_ids):
+                stats.prompts_as_served += 1
+            else:
+                stats.prompts_rendered_differently += 1
+                if len(stats.prompt_examples) < 3:
+                    stats.prompt_examples.append(sample_id)
+                ids, mask = list(prompt_ids), [0] * len(prompt_ids)
         return (np.asarray([*ids, *answer_ids], dtype=np.int32),
                 np.asarray([*mask, *([1] * len(answer_ids))], dtype=bool))
 
@@ -267,7 +285,8 @@ class ChatTokenizer:
             if self.looping_answers == "trim":
                 answer = trim_loop(answer, self.stop_ids)
                 stats.loop_tokens_trimmed += len(whole) - len(answer)
-        gen_ids, gen_mask = self.encode_generated(conv.messages, answer, tools)
+        prompt_ids = conv.extra.get("prompt_token_ids")
+        gen_ids, gen_mask = self.encode_generated(conv.messages, answer, tools, prompt_ids, stats, conv.id)
         stats.answers_as_generated += 1
         if conv.extra.get("status") == "truncated":  # no end of turn: the template's rendering would always close it
             return gen_ids, gen_mask

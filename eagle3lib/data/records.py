@@ -5,7 +5,7 @@ Record: {"id", "category", "status": "ok"|"truncated"|"empty"|"failed",
                                                                                                  # when a response came
          "finish_reason", "prompt_tokens", "completion_tokens", "error", "attempts", "reasoning_tokens",
          "answer_token_ids": the last assistant turn's tokens as generated (vLLM's return_token_ids), when the server
-         returned them}
+         returned them, "prompt_token_ids": the prompt of that turn as the server tokenized it (likewise)}
 Only "ok" is training data by default (`iter_generated`); the latest record per id wins (a retried failure replaces
 its first try), so readers see every prompt exactly once.
 
@@ -222,7 +222,8 @@ def iter_generated(gen_dir: str | Path, statuses: Iterable[str] | None = ("ok",)
 
     Records are de-duplicated by id (the latest wins: a retried failure replaces its first try), torn lines ignored.
     `statuses=None` yields every status; a failed record has no assistant turn. `extra` holds status, finish_reason,
-    prompt_tokens, completion_tokens, attempts, error and answer_token_ids (the last answer's generated ids, or None); `source` is "shard-NNNNN.jsonl:line".
+    prompt_tokens, completion_tokens, attempts, error, answer_token_ids (the last answer's generated ids, or None) and
+    prompt_token_ids (its prompt as the server tokenized it, or None); `source` is "shard-NNNNN.jsonl:line".
     """
     wanted = None if statuses is None else set(statuses)
     if wanted is not None and (unknown := wanted - set(STATUSES)):
@@ -231,6 +232,6 @@ def iter_generated(gen_dir: str | Path, statuses: Iterable[str] | None = ("ok",)
         if wanted is not None and rec.get("status") not in wanted:
             continue
         extra = {k: rec.get(k) for k in ("status", "finish_reason", "prompt_tokens", "completion_tokens", "reasoning_tokens",
-                                         "attempts", "error", "answer_token_ids")}
+                                         "attempts", "error", "answer_token_ids", "prompt_token_ids")}
         yield Conversation(rec["id"], rec.get("messages") or [], rec.get("category"), f"{Path(gen_dir) / source}", extra,
                            rec.get("tools"))

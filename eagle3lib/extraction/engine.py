@@ -144,6 +144,11 @@ def extract(cfg: ExtractConfig, vcfg: VerifierConfig, out_dir: str | Path, gen_d
         say(f"{tstats.rerendered_differently} of {tstats.answers_ended} answers that ended (e.g. "
              f"{', '.join(tstats.rerendered_examples)}) render through the chat template into other tokens than the "
              "verifier generated; trained on as generated (extract.answer_tokens)")
+    if tstats.prompts_rendered_differently:
+        say(f"{tstats.prompts_rendered_differently} of {tstats.prompts_as_served + tstats.prompts_rendered_differently} "
+            f"prompts (e.g. {', '.join(tstats.prompt_examples)}) render here into other tokens than the server sent the "
+            "verifier (chat_template_kwargs of generate and extract, tool definitions, server template flags): built on "
+            "the server's, only their last answer in the loss")
     if not samples:
         raise ExtractError(f"no sample of {desc} is usable: {tstats.conversations} conversations, "
                            f"{tstats.skipped_no_assistant} without assistant tokens, {tstats.dropped_too_long} too long, "
@@ -253,6 +258,8 @@ def extract(cfg: ExtractConfig, vcfg: VerifierConfig, out_dir: str | Path, gen_d
         "answers_as_generated": tstats.answers_as_generated,  # extract.answer_tokens: generated
         "answers_ended": tstats.answers_ended,  # ... not cut at max_tokens: compared with the template's rendering
         "answers_rerendered_differently": tstats.rerendered_differently,  # ... of those, rendered into other tokens
+        "prompts_as_served": tstats.prompts_as_served,  # built on the server's prompt ids, rendered alike here
+        "prompts_rendered_differently": tstats.prompts_rendered_differently,  # ... rendered otherwise here
         "looping_answers": tstats.looping_answers,  # answers that repeat one n-gram to their end (data/loops.py)
         "loop_tokens_trimmed": tstats.loop_tokens_trimmed,  # extract.looping_answers: trim
         "samples_this_run": this_samples,

@@ -40,6 +40,7 @@ def make_record(conv: Conversation, result: ChatResult | None, error: str | None
             messages, status, turn["stopped_at_turn"] = messages[: conv.extra["answered"]], "ok", k
     # the last assistant turn's tokens as generated (not when it was cut off above: the record then ends earlier)
     answer_ids = result.token_ids if result is not None and "stopped_at_turn" not in turn else None
+    prompt_ids = result.prompt_token_ids if answer_ids is not None else None
     carried = conv.extra.get("carried_tokens", (0, 0))  # the earlier turns': a record counts its whole conversation
     return {
         "id": conv.id,
@@ -55,4 +56,5 @@ def make_record(conv: Conversation, result: ChatResult | None, error: str | None
         "reasoning_tokens": reasoning_tokens,  # the server's count (vLLM with a reasoning parser), else null
         **turn,
         **({"answer_token_ids": answer_ids} if answer_ids is not None else {}),
+        **({"prompt_token_ids": prompt_ids} if prompt_ids is not None else {}),
     }

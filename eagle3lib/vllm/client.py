@@ -61,6 +61,8 @@ class ChatResult:
     tool_calls: list[dict[str, Any]] | None = None  # parsed calls, from a server started with a tool-call parser
     token_ids: list[int] | None = None  # the generated token ids (vLLM's `return_token_ids`), end-of-turn token
     # included: the answer exactly as the verifier produced it, before any parser split it into reasoning and content
+    prompt_token_ids: list[int] | None = None  # the prompt as the server rendered and tokenized it (vLLM's
+    # top-level `prompt_token_ids` with return_token_ids): its chat template, kwargs and tool normalisation included
 
 
 def parse_chat_response(body: dict[str, Any]) -> ChatResult:
@@ -70,10 +72,11 @@ def parse_chat_response(body: dict[str, Any]) -> ChatResult:
     if reasoning is None:
         reasoning = msg.get("reasoning_content")
     usage = body.get("usage") or {}
-    ids = choice.get("token_ids")
+    ids, prompt_ids = choice.get("token_ids"), body.get("prompt_token_ids")
     return ChatResult(reasoning, msg.get("content"), choice.get("finish_reason"),
                       int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0),
-                      msg.get("tool_calls") or None, [int(t) for t in ids] if isinstance(ids, list) else None)
+                      msg.get("tool_calls") or None, [int(t) for t in ids] if isinstance(ids, list) else None,
+                      [int(t) for t in prompt_ids] if isinstance(prompt_ids, list) else None)
 
 
 def chat_payload(model: str, messages: list[dict], *, max_tokens: int, temperature: float = 0.0, top_p: float = 1.0,
