@@ -4,9 +4,11 @@ attention layouts side by side in one run, and the memory model's prediction nex
     .venv/bin/python benchmarks/long_context.py                       # tiny 1K-32K, kimi-heads 1K-4K (~45 min, 2 cores)
     .venv/bin/python benchmarks/long_context.py --configs tiny --lengths 1024,2048 --layouts flash,doc
     .venv/bin/python benchmarks/long_context.py --json out.json       # the table as structured results too
+    .venv/bin/python benchmarks/long_context.py --bf16 --layouts flash  # under torch.autocast("cpu", bfloat16)
 
 One step = drafter forward over the K TTT steps + loss + backward (no optimizer update: its state does not depend on
-the length), on ONE packed row holding ONE sample of L tokens (a long trace: the worst case for attention), fp32, CPU.
+the length), on ONE packed row holding ONE sample of L tokens (a long trace: the worst case for attention), fp32 (or
+bf16 autocast with --bf16: the model's BF16 figures), CPU.
 Every (config, layout, L) runs in its own process, so its peak resident memory (ru_maxrss) minus the resident memory
 after setup is the step's own: activations, what autograd keeps, transient scores, gradients. Time: the fastest step
 after a first one that warms the allocator (up to 5 of them while they take under 3 s in all).
@@ -47,7 +49,7 @@ def rss_bytes() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def child(config: str, layout: str, L: int, threads: int, sample: int) -> dict:
+def child(config: str, layout: str, L: int, threads: int, sample: int, bf16: bool = False) -> dict:
     """One measurement, in this (fresh) process."""
     import torch
 
@@ -75,19 +77,21 @@ def child(config: str, layout: str, L: int, threads: int, sample: int) -> dict:
     times: list[float] = []
     while len(times) < 2 or (len(times) < 6 and sum(times[1:]) < 3.0):  # short steps: several, the fastest counts
         t0 = time.perf_counter()
-        loss, _ = model(mb, den)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            loss, _ = model(mb, den)
         loss.backward()
         times.append(time.perf_counter() - t0)
         for p in model.parameters():
             p.grad = None
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    return {"config": config, "layout": layout, "L": L, "sample_tokens": sample, "K": K, "peak_mib": (peak - base) / 2**20,
+    return {"config": config, "layout": layout, "L": L, "sample_tokens": sample, "K": K, "bf16": bf16,
+            "peak_mib": (peak - base) / 2**20,
             "step_s": min(times[1:]), "tokens_per_s": L / min(times[1:])}
 
 
-def measure(config: str, layout: str, L: int, threads: int, sample: int) -> dict:
+def measure(config: str, layout: str, L: int, threads: int, sample: int, bf16: bool = False) -> dict:
     r = subprocess.run([sys.executable, __file__, "--child", config, layout, str(L), "--threads", str(threads),
-                        "--sample-tokens", str(sample)],
+                        "--sample-tokens", str(sample)] + (["--bf16"] if bf16 else []),
                        capture_output=True, text=True)
     if r.returncode:
         return {"config": config, "layout": layout, "L": L, "error": (r.stderr or r.stdout).strip().splitlines()[-1]}
@@ -105,12 +109,14 @@ def main() -> None:
     ap.add_argument("--max-gib", type=float, default=12.0, help="skip runs the memory model puts above this")
     ap.add_argument("--max-step-s", type=float, default=150.0, help="skip a layout's longer lengths once a step took "
                     "more than this")
+    ap.add_argument("--bf16", action="store_true", help="run the step under bf16 autocast (model: dtype_bytes=2)")
     ap.add_argument("--json", type=Path, default=None, help="also write the measurements here")
     ap.add_argument("--summarize", type=Path, default=None, help="print the summary of an earlier --json file")
     ap.add_argument("--child", nargs=3, metavar=("CONFIG", "LAYOUT", "L"), help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.child:
-        print(json.dumps(child(a.child[0], a.child[1], int(a.child[2]), a.threads, a.sample_tokens or int(a.child[2]))))
+        print(json.dumps(child(a.child[0], a.child[1], int(a.child[2]), a.threads, a.sample_tokens or int(a.child[2]),
+                               a.bf16)))
         return
     if a.summarize:
         results = json.loads(a.summarize.read_text())["results"]
@@ -122,6 +128,7 @@ def main() -> None:
 
     results = []
     too_slow: set[tuple[str, str]] = set()
+    print("bf16 autocast (model: dtype_bytes=2)" if a.bf16 else "fp32 (model: dtype_bytes=4)", flush=True)
     for config in a.configs.split(","):
         c = dict(CONFIGS[config])
         K = c.pop("K")
@@ -129,13 +136,16 @@ def main() -> None:
         for L in lengths:
             for layout in a.layouts.split(","):
                 sample = min(a.sample_tokens or L, L)
-                model = step_bytes(shape_of(c), K=K, row_tokens=L, sample_tokens=sample, layout=layout, dtype_bytes=4)
+                s = shape_of(c)
+                model = step_bytes(s, K=K, row_tokens=L, sample_tokens=sample, layout=layout,
+                                   dtype_bytes=2 if a.bf16 else 4) + (2 * s.parameters() if a.bf16 else 0)  # + autocast's
+                # bf16 weight copies (run_bytes counts them with the parameters)
                 if model > a.max_gib * 2**30:
                     r = {"config": config, "layout": layout, "L": L, "skipped": f"model {model / 2**30:.1f} GiB"}
                 elif (config, layout) in too_slow:
                     r = {"config": config, "layout": layout, "L": L, "skipped": f"a shorter step took > {a.max_step_s} s"}
                 else:
-                    r = measure(config, layout, L, a.threads, sample)
+                    r = measure(config, layout, L, a.threads, sample, a.bf16)
                     if r.get("step_s", 0) > a.max_step_s:
                         too_slow.add((config, layout))
                 r["model_mib"] = model / 2**20

@@ -164,7 +164,8 @@ def test_compare_runs_side_by_side(tmp_path):
 
 def test_deployment_notebook_plans_kimi_on_every_hardware_row(tmp_path):
     """The kimi-k2.5 profile's deployment stage with no run at all (its verifier's shape and acceptance are in the
-    profile): the report names every hardware row with its schedule and `vllm serve` line, and draws the curves."""
+    profile): the report names every hardware row with its schedule and `vllm serve` line, or with the memory it
+    lacks (h100-x8 cannot hold Kimi-K2.5's weights), and draws the curves."""
     run = tmp_path / "kimi"
     r = run_cli("--profile", "kimi-k2.5", "--run-dir", str(run), "--stages", "deployment")
     assert r.returncode == 0, r.stderr[-4000:]
@@ -172,7 +173,8 @@ def test_deployment_notebook_plans_kimi_on_every_hardware_row(tmp_path):
     m = json.loads((run / "deployment" / "manifest.json").read_text())
     assert m["status"] == "complete" and m["figures"]["hardware_rows"] == 4
     html = (run / "deployment" / "report.html").read_text()
-    for row in ("rtx-pro-6000-x8", "b300-x8", "h200-x8", "h100-x8"):
+    for row in ("rtx-pro-6000-x8", "b300-x8", "h200-x8"):
         assert f"<strong>{row}</strong>: at concurrency &lt;= " in html, row
+    assert "<strong>h100-x8</strong>: does not fit: the weights need 596.2 GB, 576.0 GB available" in html
     assert "num_speculative_tokens_per_batch_size" in html and "MODEL" in html
     assert html.count("image/png") >= 1 and "Traceback" not in html

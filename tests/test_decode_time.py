@@ -135,21 +135,122 @@ def test_published_comparison_fits_tau_at_the_smallest_batch_only():
         assert rows[-1]["model_speedup"] < rows[0]["model_speedup"] * 1.05  # nothing makes big batches faster here
 
 
-def test_deployment_stage_plans_kimi_without_loading_it(tmp_path):
-    """The kimi-k2.5 profile: its verifier's shape and acceptance come from the profile; every hardware row gets a
-    schedule, Kimi-K2.5's ~1T parameters / ~32B active are what the shapes add up to, and the manifest has the figures."""
+@pytest.fixture(scope="module")
+def kimi_plan(tmp_path_factory):
+    """The deployment stage on the kimi-k2.5 profile (its results and manifest)."""
     from eagle3lib.stages import deployment
 
-    ctx = open_stage("deployment", "kimi-k2.5", tmp_path, {})
-    out = deployment.run(ctx)
+    run = tmp_path_factory.mktemp("kimi")
+    return deployment.run(open_stage("deployment", "kimi-k2.5", run, {})), run
+
+
+def test_deployment_stage_plans_kimi_without_loading_it(kimi_plan):
+    """The kimi-k2.5 profile: its verifier's shape and acceptance come from the profile; every hardware row that holds
+    the weights gets a schedule, Kimi-K2.5's ~1T parameters / ~32B active are what the shapes add up to, and the
+    manifest has the figures."""
+    out, run = kimi_plan
     assert out["inputs"]["verifier_total_params"] == pytest.approx(1.03e12, rel=0.02)
     assert out["inputs"]["verifier_active_params"] == pytest.approx(3.2e10, rel=0.05)
-    assert set(out["schedules"]) == {"rtx-pro-6000-x8", "b300-x8", "h200-x8", "h100-x8"}
+    assert set(out["schedules"]) == {"rtx-pro-6000-x8", "b300-x8", "h200-x8"}  # h100-x8: test below
     for s in out["schedules"].values():
         assert s["schedule"][0][0] == 1 and s["best_k"][1] >= 1
-    f = json.loads((tmp_path / "deployment" / "manifest.json").read_text())["figures"]
+    f = json.loads((run / "deployment" / "manifest.json").read_text())["figures"]
     assert f["h200-x8.best_k_c1"] == out["schedules"]["h200-x8"]["best_k"][1]
     assert "published_model_over_measured_median" in f and "cpu_model_over_measured_median" not in f  # no grid here
+
+
+def test_kimi_does_not_fit_h100_x8(kimi_plan):
+    """Kimi-K2.5's weights (~592 GB of layers and experts, int4 experts, + the embedding and the drafter: ~596 GB) do
+    not fit 8 x 80 GB x 0.9 = 576 GB: it was given a schedule. Now it has no modelled point, says so with both figures
+    in the report, its table and its plot."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from eagle3lib.reports import deployment as report
+
+    out, run = kimi_plan
+    fit = out["capacity"]["h100-x8"]
+    assert not fit["fits"] and fit["available_gb"] == pytest.approx(576.0)
+    assert fit["weights_gb"] == pytest.approx(596.2, abs=0.1)
+    assert out["inputs"]["verifier_weights_gb"] == pytest.approx(594.2, abs=0.1)
+    assert "h100-x8" not in out["schedules"] and not [r for r in out["model"] if r["hardware"] == "h100-x8"]
+    said = "does not fit: the weights need 596.2 GB, 576.0 GB available"
+    assert f"- **h100-x8**: {said}" in report.schedules_markdown(out)
+    assert said in report.model_table(out, "h100-x8")
+    f = json.loads((run / "deployment" / "manifest.json").read_text())["figures"]
+    assert f["h100-x8.fits"] is False and f["h100-x8.max_concurrency"] == 0 and "h100-x8.best_k_c1" not in f
+    fig = report.plot_model(out)
+    assert fig.axes[-1].get_title() == "h100-x8: does not fit"
+
+
+def test_points_whose_kv_cache_does_not_fit_are_dropped(kimi_plan):
+    """rtx-pro-6000-x8 holds the weights with ~95 GB to spare; each request of 4,096 tokens takes 61 x 576 x 2 bytes
+    per token of latent on every one of its 8 GPUs (vLLM's MLA cache under tensor parallelism) + the drafter's: 512
+    and 1,024 requests (and everything above 32) cannot be held. Those points are marked, left out of the schedule
+    (which vLLM would carry past its last point) and of the manifest's best K."""
+    out, run = kimi_plan
+    rows = [r for r in out["model"] if r["hardware"] == "rtx-pro-6000-x8"]
+    per_request = (8 * 61 * 576 * 2 + 8 * 2 * 128 * 2) * 4096  # the latent on every GPU + the llama drafter's 8 heads
+    left = 8 * 96e9 * 0.9 - 594.2e9 - 1.97e9
+    held = max(r["concurrency"] for r in rows if r["concurrency"] * per_request <= left)
+    assert held == 32 and out["capacity"]["rtx-pro-6000-x8"]["max_concurrency"] == held
+    for r in rows:
+        assert r["fits"] == (r["concurrency"] <= held), r
+        assert r["memory_available_gb"] == pytest.approx(691.2)
+    s = out["schedules"]["rtx-pro-6000-x8"]
+    assert max(s["best_k"]) == held and s["schedule"][-1][1] == held
+    assert {512, 1024} <= set(out["capacity"]["rtx-pro-6000-x8"]["dropped_concurrencies"])
+    assert out["capacity"]["b300-x8"]["dropped_concurrencies"] == [1024]
+    f = json.loads((run / "deployment" / "manifest.json").read_text())["figures"]
+    assert "rtx-pro-6000-x8.best_k_c512" not in f and f["rtx-pro-6000-x8.max_concurrency"] == held
+    from eagle3lib.reports import deployment as report
+
+    table = report.model_table(out, "rtx-pro-6000-x8")
+    last = table.filter(table["concurrency"] == 1024).row(0, named=True)
+    assert last["K=1"] is None and last["memory"].endswith("GB: does not fit")
+    assert "the KV cache of 64, 128, 256, 512, 1,024 requests does not fit" in report.schedules_markdown(out)
+
+
+def test_capacity_formula_by_hand():
+    """capacity(): weights + held KV per token x context x concurrency against GPUs x memory x utilisation. The dense
+    one-layer verifier (16 MB of weights + its 2 MB embedding, KV 4 KB per token over 10 heads) on 2 GPUs of 1 GB at
+    0.5: 5 heads per GPU, nothing copied; 1,000 requests of 100 tokens = 400 MB + 18 MB <= 1 GB."""
+    from eagle3lib.analysis.capacity import capacity, held_kv_bytes_per_token
+
+    v = VerifierCost(DENSE)
+    c = capacity(v, None, 2, 1.0, 0.5, 1000, 100)
+    assert (c.weights, c.kv_cache, c.available) == (18_000_000, 400_000_000, 1e9) and c.fits
+    assert not capacity(v, None, 2, 1.0, 0.5, 3000, 100).fits and capacity(v, None, 2, 1.0, 0.5, 3000, 100).weights_fit
+    # vLLM gives each GPU max(1, kv_heads // GPUs) heads: fewer heads than GPUs are copied, an MLA latent (one head)
+    # is on every GPU
+    assert held_kv_bytes_per_token(4096, 8, 8) == 4096
+    assert held_kv_bytes_per_token(4096, 4, 8) == 8192
+    assert held_kv_bytes_per_token(1152, 1, 8) == 8 * 1152
+
+
+def test_an_mla_drafter_is_counted_as_latent_attention():
+    """Kimi-K2.5's train section with drafter_layer mla: 0.90B parameters (q_a/q_b over q_lora_rank 1536, kv_a to
+    the 512 latent + 64 rope, kv_b, o_proj), as the drafter module holds them, and 1,152 KV bytes per token ((512 +
+    64) x 2 bytes: one latent, as vLLM caches MLA). Counted as GQA it was 1.31B and 40,960 bytes."""
+    import torch
+
+    from eagle3lib.analysis.deployment import shapes
+    from eagle3lib.config.profile import load_profile
+    from eagle3lib.model.drafter import Eagle3Drafter
+    from eagle3lib.model.drafter_shape import drafter_config_from
+
+    for layer, params, kv in (("mla", 896_169_984, 1152), ("llama", 985_427_968, 8 * 2 * 128 * 2)):
+        prof = load_profile("kimi-k2.5", {"train.drafter_layer": layer})
+        shape, dshape, _ = shapes(prof.section("deployment"), prof, None)
+        assert dshape.parameters() == params
+        assert DrafterCost(dshape, shape.weight_bytes).kv_bytes_per_token == kv
+        for n in (1, 2):  # against the module itself (on the meta device: no memory), one layer and two
+            cfg = drafter_config_from(prof.section("train").model_copy(update={"num_layers": n}), shape, [0, 1, 2],
+                                      32000, "kimi", layer)
+            with torch.device("meta"):
+                drafter = Eagle3Drafter(cfg)
+            assert DrafterShape.of(cfg).parameters() == sum(p.numel() for p in drafter.parameters())
+    assert 896_169_984 == pytest.approx(0.90e9, rel=0.005)  # the issue's figure
 
 
 def _own_table(tmp_path):

@@ -67,3 +67,25 @@ def test_probes_measure_the_drafter_as_served_and_choose_best(tiny_verifier, tmp
     assert sel["chosen_by"] == "served_greedy_tau" and sel["step"] == best["step"]
     assert f["served_probes"] == 2 and f["served_tau_greedy"] == served[-1]["tau_greedy"]
     assert 0 < f["served_probe_share"] < 1 and f["served_probe_s"] > 0
+
+
+@pytest.mark.slow
+def test_a_probe_through_vllm_serves_the_checkpoint_and_agrees_with_the_library(tiny_verifier, tmp_path):
+    """train.served_eval_backend: vllm starts a server with the probe's checkpoint as its speculator (a large verifier
+    on a spare GPU); its greedy tau is the library's on the same checkpoint and prompts, within evaluate.tolerance."""
+    store = cached_store(tiny_verifier, 300)
+    run = make_run_dir(tmp_path / "run", store)
+    ctx = open_stage("train", "tiny", run, {**PROBE, "train.served_eval_every": 16, "train.served_eval_backend": "vllm",
+                                            "train.served_eval_temperature": 0, "train.best_by": "estimate"})
+    train(ctx)
+    (probe,) = [r for r in read_metrics(ctx.dir / "metrics.jsonl") if r["kind"] == "served"]
+    assert probe["backend"] == "vllm" and probe["step"] == 16 and "tau_sampled" not in probe
+    assert "speculative-config" in (ctx.dir / "served_probe_vllm.log").read_text()
+    drafter, _ = load_drafter(ctx.dir / "final", verifier_path=str(tiny_verifier))
+    verifier = Verifier(load_hf_model(str(tiny_verifier), "float32"))
+    eos = eos_ids(load_tokenizer(str(tiny_verifier)), str(tiny_verifier))
+    (tmp_path / "scratch").mkdir()
+    inp = load_inputs(ctx.cfg, ctx.verifier, ctx.stage_dir("extract"), tmp_path / "scratch")
+    runs = [speculative_decode(verifier, EagleDrafter(drafter), p, 24, 3, eos=eos)
+            for _, p in probe_prompts(inp.reader, inp.split.val, 3)]
+    assert abs(summarize_runs(runs, 3)["tau"] - probe["tau_greedy"]) <= 0.15, (summarize_runs(runs, 3), probe)

@@ -61,13 +61,14 @@ class VerifierCost:
             attn = q + h * (v.kv_lora_rank + (v.qk_rope_head_dim or 64)) + v.kv_lora_rank * heads * (
                 (v.qk_nope_head_dim or 128) + vd) + heads * vd * h
             kv_elems = v.kv_lora_rank + (v.qk_rope_head_dim or 64)
+            kv_heads = 1  # vLLM caches the latent as one MQA head (get_num_kv_heads: 1 under MLA)
             # decode runs MLA absorbed: scores over the latent + rope, values out of the latent
             self.attn_flops_per_ctx = L * 2 * heads * (kv_elems + v.kv_lora_rank)
         else:
             hd = v.head_dim or h // heads
             kv = v.num_key_value_heads or heads
             attn = 2 * h * heads * hd + 2 * h * kv * hd
-            kv_elems = 2 * kv * hd
+            kv_elems, kv_heads = 2 * kv * hd, kv
             self.attn_flops_per_ctx = L * 4 * heads * hd
         moe_layers = L - v.first_k_dense_replace if v.n_routed_experts else 0
         expert = 3 * h * v.moe_intermediate_size
@@ -80,7 +81,11 @@ class VerifierCost:
         self.expert_bytes = expert * (v.expert_weight_bytes or v.weight_bytes)
         self.active_params = shared + moe_layers * v.num_experts_per_tok * expert
         self.kv_bytes_per_token = L * kv_elems * v.kv_cache_bytes
+        self.kv_heads = kv_heads  # what tensor parallelism splits the cache by (or copies it to every GPU)
         self.total_params = shared + moe_layers * v.n_routed_experts * expert
+        # what the GPUs hold: every expert, and the embedding that a step only looks rows up in
+        self.weight_bytes_held = (self.shared_bytes + moe_layers * v.n_routed_experts * self.expert_bytes
+                                  + v.vocab_size * h * v.weight_bytes)
 
     def experts_touched(self, tokens: float) -> float:
         """Distinct experts per MoE layer that `tokens` tokens reach under uniform top-k routing."""
@@ -103,8 +108,13 @@ class DrafterCost:
         self.fc = 3 * s.hidden * s.hidden
         self.layer = s.parameters() - self.fc  # the layers, final norm and the draft lm_head
         self.weight_bytes = weight_bytes
-        self.kv_bytes_per_token = s.num_layers * s.kv_heads * (s.qk_dim + s.v_dim) * weight_bytes
-        self.attn_flops_per_ctx = s.num_layers * 2 * s.heads * (s.qk_dim + s.v_dim)
+        self.weight_bytes_held = s.parameters() * weight_bytes  # the embedding is the verifier's, shared by vLLM
+        self.kv_bytes_per_token = s.kv_cache_elements() * weight_bytes
+        self.kv_heads = 1 if s.is_mla else s.kv_heads  # vLLM caches an MLA latent as one MQA head
+        if s.is_mla:  # decoded absorbed, as the verifier's MLA: scores over latent + rope, values out of the latent
+            self.attn_flops_per_ctx = s.num_layers * 2 * s.heads * (2 * s.kv_lora_rank + s.rope_dim)
+        else:
+            self.attn_flops_per_ctx = s.num_layers * 2 * s.heads * (s.qk_dim + s.v_dim)
 
     def forward(self, batch: int, tokens: float, context: int, with_fc: bool) -> tuple[float, float]:
         params = self.layer + (self.fc if with_fc else 0)

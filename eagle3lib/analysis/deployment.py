@@ -2,6 +2,9 @@
 MODEL, labelled so everywhere) applied to a profile's verifier and drafter on every hardware row, the schedule it
 implies, and how far it is from measurements: this run's CPU grid (the cpu-2core row) and published GPU figures.
 
+A row that cannot hold the verifier's and drafter's weights gets no schedule, and a point whose KV cache it cannot
+hold is marked and left out of the schedule (eagle3lib/analysis/capacity.py).
+
 Acceptance comes from measurements where the run has them (the evaluate stage's grid, else its K sweep, else its main
 pass), else from `deployment.acceptance_per_position`; the model does not predict acceptance, only time.
 """
@@ -14,7 +17,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from eagle3lib.analysis.capacity import GB, Capacity, capacity
 from eagle3lib.analysis.decode_time import DrafterCost, Machine, VerifierCost, chained, speedup, tau_of
+from eagle3lib.analysis.hardware import HardwareRow
 from eagle3lib.config.deployment import DeploymentConfig, VerifierShape
 from eagle3lib.config.profile import ParamsError, Profile
 from eagle3lib.model.drafter_shape import DrafterShape, choose_drafter_layer, drafter_config_from
@@ -93,20 +98,58 @@ class Plan:
     drafter: DrafterCost
     rates: list[float]  # share of rounds reaching draft position i
     context: int  # KV tokens per request
+    utilisation: float = 0.9  # share of each GPU's memory vLLM takes (verifier.gpu_memory_utilization)
 
     def tau(self, k: int) -> float:
         return tau_of(self.rates, k)
 
-    def rows(self, m: Machine, concurrencies: list[int], ks: list[int], label: str) -> list[dict[str, Any]]:
-        """Modelled tokens/s, time per output token and speedup per (K, concurrency); K = 0 is the verifier alone."""
-        return [{"hardware": label, **speedup(self.verifier, self.drafter, m, c, k, self.tau(k), self.context)}
+    def capacity(self, row: HardwareRow, concurrency: int, k: int) -> Capacity:
+        """Memory needed against available on hardware row `row` (tensor parallel over its GPUs) at one point; K = 0
+        serves without the drafter."""
+        return capacity(self.verifier, self.drafter if k else None, row.count, row.mem_gb, self.utilisation,
+                        concurrency, self.context)
+
+    def rows(self, m: Machine, concurrencies: list[int], ks: list[int], label: str,
+             row: HardwareRow | None = None) -> list[dict[str, Any]]:
+        """Modelled tokens/s, time per output token and speedup per (K, concurrency); K = 0 is the verifier alone.
+        With the hardware `row`, each point says whether its weights and KV cache fit (`fits`, GB needed/available)."""
+        return [{"hardware": label, **speedup(self.verifier, self.drafter, m, c, k, self.tau(k), self.context),
+                 **(self.capacity(row, c, k).summary() if row is not None else {})}
                 for k in [0, *ks] for c in concurrencies]
+
+
+def fit_summary(plan: Plan, row: HardwareRow, concurrencies: list[int]) -> dict[str, Any]:
+    """Whether `row` holds the verifier and drafter weights at all, and the concurrencies whose KV cache it cannot
+    hold (at the largest K: its drafter cache is the largest)."""
+    c0 = plan.capacity(row, concurrencies[0], 1)
+    dropped = [c for c in concurrencies if not plan.capacity(row, c, 1).fits]
+    return {"fits": c0.weights_fit, "weights_gb": round(c0.weights / GB, 1),
+            "available_gb": round(c0.available / GB, 1), "gpus": row.count, "mem_gb_per_gpu": row.mem_gb,
+            "gpu_memory_utilization": plan.utilisation,
+            "kv_gb_per_request": round(c0.kv_cache / concurrencies[0] / GB, 3), "context_tokens": plan.context,
+            "max_concurrency": max((c for c in concurrencies if c not in dropped), default=None),
+            "dropped_concurrencies": dropped}
+
+
+def fit_sentence(name: str, fit: dict[str, Any]) -> str:
+    """What a machine cannot hold, in words; "" when it holds every modelled point."""
+    if not fit["fits"]:
+        return (f"{name} does not fit: the weights need {fit['weights_gb']:,.1f} GB, {fit['available_gb']:,.1f} GB "
+                f"available ({fit['gpus']} x {fit['mem_gb_per_gpu']:g} GB x gpu_memory_utilization "
+                f"{fit['gpu_memory_utilization']:g}); no schedule")
+    if not fit["dropped_concurrencies"]:
+        return ""
+    cs = ", ".join(f"{c:,}" for c in fit["dropped_concurrencies"])
+    return (f"{name}: the KV cache of {cs} requests does not fit ({fit['kv_gb_per_request']:.2f} GB per request of "
+            f"{fit['context_tokens']:,} tokens as vLLM holds it over {fit['gpus']} GPUs, "
+            f"{fit['available_gb'] - fit['weights_gb']:,.1f} GB left after the weights): those points are dropped "
+            "from the schedule")
 
 
 def schedule(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """The modelled schedule as vLLM ranges, and the concurrency above which speculation stops paying (None: it pays
-    at every modelled concurrency)."""
-    bk = fastest_k(rows)
+    at every modelled concurrency). Points marked as not fitting in memory (`fits` False) are left out."""
+    bk = fastest_k([r for r in rows if r.get("fits", True)])
     stops = next((c for c, k in bk.items() if k == 0 and all(v == 0 for cc, v in bk.items() if cc >= c)), None)
     return {"best_k": bk, "schedule": schedule_ranges(bk), "stops_paying_at": stops}
 
@@ -203,11 +246,16 @@ def build_plan(cfg: DeploymentConfig, profile: Profile, run_dir: Path,
     it has one, and the acceptance per position, with where each comes from."""
     shape, dshape, sources = shapes(cfg, profile, Path(run_dir) / "train" / "final")
     rates, rates_source = acceptance(cfg, results)
-    vc = VerifierCost(shape)
+    vc, dc = VerifierCost(shape), DrafterCost(dshape, shape.weight_bytes)
+    util = profile.verifier.gpu_memory_utilization
     inputs = {**sources, "acceptance_source": rates_source, "acceptance_per_position": rates,
               "verifier_total_params": vc.total_params, "verifier_active_params": vc.active_params,
-              "drafter_params": dshape.parameters(), "context_tokens": cfg.context_tokens}
-    return Plan(vc, DrafterCost(dshape, shape.weight_bytes), rates, cfg.context_tokens), inputs
+              "drafter_params": dshape.parameters(), "context_tokens": cfg.context_tokens,
+              "verifier_weights_gb": round(vc.weight_bytes_held / GB, 1),
+              "drafter_weights_gb": round(dc.weight_bytes_held / GB, 2),
+              "verifier_kv_bytes_per_token": vc.kv_bytes_per_token, "drafter_kv_bytes_per_token": dc.kv_bytes_per_token,
+              "gpu_memory_utilization": util}
+    return Plan(vc, dc, rates, cfg.context_tokens, util), inputs
 
 
 def k_sweep_model(profile: Profile, ckpt: Path, concurrency: int) -> tuple[Callable[[int, float], float], str]:
@@ -219,12 +267,17 @@ def k_sweep_model(profile: Profile, ckpt: Path, concurrency: int) -> tuple[Calla
     table = load_hardware(resolve_path(cfg.hardware_file))
     name = hardware_names(cfg, profile, table)[0]
     shape, dshape, _ = shapes(cfg, profile, ckpt)
-    vc, dc, m = VerifierCost(shape), DrafterCost(dshape, shape.weight_bytes), machine(get_row(table, name, cfg.hardware_file), cfg)
+    row = get_row(table, name, cfg.hardware_file)
+    vc, dc, m = VerifierCost(shape), DrafterCost(dshape, shape.weight_bytes), machine(row, cfg)
+    cap = capacity(vc, dc, row.count, row.mem_gb, profile.verifier.gpu_memory_utilization, concurrency,
+                   cfg.context_tokens)
 
     def model(k: int, tau: float) -> float:
         return speedup(vc, dc, m, concurrency, k, tau, cfg.context_tokens)["speedup"]
 
-    return model, f"{name}, concurrency {concurrency}"
+    held = "" if cap.fits else (f" (does not fit: {cap.needed / GB:,.0f} GB needed, {cap.available / GB:,.0f} GB "
+                                "available)")
+    return model, f"{name}, concurrency {concurrency}{held}"
 
 
 def read_results(run_dir: Path) -> dict[str, Any] | None:

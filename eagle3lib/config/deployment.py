@@ -49,7 +49,9 @@ class DeploymentConfig(StageConfig):
     # modelled curves' x axis; 256 = vLLM's default max_num_seqs
     ttt_steps: list[int] = [1, 2, 3, 4, 5]  # K values modelled (K = 0, the verifier alone, is always the baseline)
     context_tokens: int = Field(2048, ge=1)  # mean tokens in each request's KV cache while it decodes: the cache read
-    # per step grows with it (prompt + half the answer is a fair mean)
+    # per step grows with it (prompt + half the answer is a fair mean); also what each request holds when the plan
+    # checks that the machine has memory for every request's cache (eagle3lib/analysis/capacity.py, with
+    # verifier.gpu_memory_utilization)
     acceptance_per_position: list[float] | None = None  # conditional acceptance a_i of draft position i (tau(K) =
     # 1 + sum_k prod_{i<=k} a_i); None = this run's measured rates (evaluate's grid, else its K sweep)
     acceptance_note: str = ""  # where hand-entered acceptance rates come from; shown next to the curves

@@ -117,6 +117,11 @@ class TrainConfig(TorchrunConfig):
     served_eval_max_tokens: int = Field(64, ge=1)  # tokens each probe answer runs to (the probe's cost grows with it)
     served_eval_temperature: float = Field(0.6, ge=0)  # the sampled probe's temperature (the profile's serving
     # temperature: evaluate.temperature); 0 = greedy only
+    served_eval_backend: Literal["library", "vllm"] = "library"  # library: the HF verifier in rank 0's process
+    # (small verifiers); vllm: a vLLM server started for each probe with the probe's checkpoint as its speculator
+    # (vLLM cannot swap a speculator's weights in a running server), on served_eval_gpus
+    served_eval_gpus: str | None = None  # vllm backend: CUDA_VISIBLE_DEVICES of the probe's server, e.g. "7" (a GPU
+    # the training does not use); None = the training's own environment
     best_by: Literal["estimate", "served_greedy", "served_sampled"] = "estimate"  # what picks train/best/: the
     # validation's tau estimate (every epoch), or the probe's served tau, greedy or sampled (every probe)
 

@@ -120,30 +120,59 @@ def mask_token_id(vconf: PretrainedConfig | VerifierShape) -> int:
 
 @dataclass(frozen=True)
 class DrafterShape:
-    """What a training step's memory depends on (one decoder layer, as EAGLE-3 drafters have)."""
+    """What a training step's memory and a decode step's bytes depend on (one decoder layer, as EAGLE-3 drafters have)."""
 
     hidden: int  # H
     intermediate: int  # MLP width
     heads: int  # attention heads
-    kv_heads: int  # key/value heads (GQA)
+    kv_heads: int  # key/value heads (GQA; MLA: every head, as training expands the latent)
     qk_dim: int  # query/key width per head (MLA: nope + rope)
     v_dim: int  # value width per head
     draft_vocab: int  # the drafter's lm_head rows
     vocab: int = 0  # the verifier's vocabulary: frozen embedding and target head
     num_layers: int = 1  # drafter decoder layers
+    q_lora_rank: int = 0  # MLA: the query down-projection (0 = a plain q_proj)
+    kv_lora_rank: int = 0  # MLA: the latent vLLM caches (0 = not MLA: per-head K and V are cached)
+    rope_dim: int = 0  # MLA: the rotary key width cached beside the latent
 
     @classmethod
     def of(cls, c) -> DrafterShape:
         """From an eagle3lib.model.drafter.DrafterConfig."""
         mla = c.drafter_layer == "mla"
         qk = (c.qk_nope_head_dim + c.qk_rope_head_dim) if mla else c.head_dim
+        latent = {"q_lora_rank": c.q_lora_rank or 0, "kv_lora_rank": c.kv_lora_rank,
+                  "rope_dim": c.qk_rope_head_dim} if mla else {}
         return cls(hidden=c.hidden_size, intermediate=c.intermediate_size, heads=c.num_attention_heads,
                    kv_heads=c.num_key_value_heads, qk_dim=qk, v_dim=c.v_head_dim if mla else c.head_dim,
-                   draft_vocab=c.draft_vocab_size, vocab=c.vocab_size, num_layers=c.num_layers)
+                   draft_vocab=c.draft_vocab_size, vocab=c.vocab_size, num_layers=c.num_layers, **latent)
+
+    @property
+    def is_mla(self) -> bool:
+        return self.kv_lora_rank > 0
+
+    def attention_parameters(self, in_dim: int) -> int:
+        """One attention block's weights over inputs of `in_dim` (2H for the first layer: embedding + hidden state).
+        MLA as model/drafter.py's MLAAttention holds them: q_a (+ its norm) and q_b, kv_a to the latent + rope (+ the
+        latent's norm), kv_b from the latent to every head's nope key and value, o_proj; not as GQA of qk/v widths,
+        which counted 1.31B instead of 0.90B for Kimi-K2.5's drafter."""
+        H, nh = self.hidden, self.heads
+        if not self.is_mla:
+            return in_dim * (nh * self.qk_dim + self.kv_heads * (self.qk_dim + self.v_dim)) + nh * self.v_dim * H
+        r, nope = self.q_lora_rank, self.qk_dim - self.rope_dim
+        q = in_dim * r + r + r * nh * self.qk_dim if r else in_dim * nh * self.qk_dim
+        kv = in_dim * (self.kv_lora_rank + self.rope_dim) + self.kv_lora_rank + self.kv_lora_rank * nh * (nope + self.v_dim)
+        return q + kv + nh * self.v_dim * H
 
     def parameters(self) -> int:
-        """Trainable parameters (fc, the layers, the final norm, lm_head); the embedding is frozen."""
-        H, nh, nkv = self.hidden, self.heads, self.kv_heads
-        attn = 2 * H * (nh * self.qk_dim + nkv * (self.qk_dim + self.v_dim)) + nh * self.v_dim * H
-        layer = attn + 3 * H * self.intermediate + 3 * H
-        return 3 * H * H + self.num_layers * layer + H + self.draft_vocab * H
+        """Trainable parameters (fc, the layers, the final norm, lm_head); the embedding is frozen. The first layer
+        reads [embedding, hidden] (2H) and has the extra hidden_norm; later layers read H."""
+        H = self.hidden
+        layers = sum(self.attention_parameters(2 * H if i == 0 else H) + 3 * H * self.intermediate
+                     + (3 if i == 0 else 2) * H for i in range(self.num_layers))
+        return 3 * H * H + layers + H + self.draft_vocab * H
+
+    def kv_cache_elements(self) -> int:
+        """Elements vLLM caches per token over the drafter's layers: MLA one latent + rope key (no per-head K/V), GQA
+        a key and a value per KV head."""
+        per_layer = self.kv_lora_rank + self.rope_dim if self.is_mla else self.kv_heads * (self.qk_dim + self.v_dim)
+        return self.num_layers * per_layer

@@ -14,6 +14,8 @@ from eagle3lib.analysis.deployment import (
     build_plan,
     check_published_rows,
     cpu_comparison,
+    fit_sentence,
+    fit_summary,
     hardware_names,
     machine,
     read_results,
@@ -39,15 +41,22 @@ def run(ctx: StageContext) -> dict[str, Any]:
     plan, inputs = build_plan(cfg, ctx.profile, src, results)
     rows: list[dict[str, Any]] = []
     schedules: dict[str, Any] = {}
+    fit: dict[str, Any] = {}
     for name in names:
-        r = plan.rows(machine(get_row(table, name, cfg.hardware_file), cfg), cfg.concurrencies, cfg.ttt_steps, name)
+        hw = get_row(table, name, cfg.hardware_file)
+        fit[name] = fit_summary(plan, hw, cfg.concurrencies)
+        fit[name]["note"] = fit_sentence(name, fit[name])
+        if not fit[name]["fits"]:  # weights alone overflow it: nothing to model, no schedule to deploy
+            continue
+        r = plan.rows(machine(hw, cfg), cfg.concurrencies, cfg.ttt_steps, name, hw)
         rows += r
-        schedules[name] = schedule(r)
+        if fit[name]["max_concurrency"] is not None:
+            schedules[name] = schedule(r)
     grid = (results or {}).get("concurrency_grid")
     cpu = cpu_comparison(plan, table[CPU_ROW], cfg, grid) if grid and CPU_ROW in table else []
     published = [r for p in PUBLISHED for r in predict(p, machine(table[p.hardware], cfg, gpus=1))]
-    out = {"inputs": inputs, "hardware": names, "model": rows, "schedules": schedules, "cpu_comparison": cpu,
-           "published": published, "grid": grid,
+    out = {"inputs": inputs, "hardware": names, "model": rows, "schedules": schedules, "capacity": fit,
+           "cpu_comparison": cpu, "published": published, "grid": grid,
            "settings": {k: getattr(cfg, k) for k in ("bandwidth_efficiency", "flops_efficiency", "step_overhead_ms")}}
     write_json_atomic(ctx.dir / "results.json", out)
     outputs = {"results": "results.json"}
@@ -60,15 +69,24 @@ def run(ctx: StageContext) -> dict[str, Any]:
 
 
 def figures(out: dict[str, Any], concurrencies: list[int]) -> dict[str, Any]:
-    """Flat manifest figures: per hardware row the best K at each concurrency and where speculation stops paying (0 =
-    it pays everywhere modelled), the model-vs-measurement ratios."""
-    f: dict[str, Any] = {"hardware_rows": len(out["hardware"]), "modelled_points": len(out["model"])}
+    """Flat manifest figures: per hardware row whether it holds the weights (GB needed and available) and the largest
+    concurrency whose KV cache it holds (0 = none), the best K at each concurrency it holds and where speculation stops
+    paying (0 = it pays everywhere modelled), the model-vs-measurement ratios."""
+    f: dict[str, Any] = {"hardware_rows": len(out["hardware"]), "modelled_points": len(out["model"]),
+                         "points_that_fit": sum(1 for r in out["model"] if r.get("fits", True))}
+    for name, fit in out.get("capacity", {}).items():
+        f[f"{name}.fits"] = fit["fits"]
+        f[f"{name}.weights_gb"], f[f"{name}.available_gb"] = fit["weights_gb"], fit["available_gb"]
+        f[f"{name}.max_concurrency"] = fit["max_concurrency"] or 0
     for name, s in out["schedules"].items():
         f[f"{name}.stops_paying_at"] = s["stops_paying_at"] or 0
         for c in concurrencies:
-            f[f"{name}.best_k_c{c}"] = s["best_k"][c]
-        best = [r for r in out["model"] if r["hardware"] == name and r["ttt_steps"] == s["best_k"][concurrencies[0]]]
-        f[f"{name}.speedup_c{concurrencies[0]}"] = round(best[0]["speedup"], 4)
+            if c in s["best_k"]:
+                f[f"{name}.best_k_c{c}"] = s["best_k"][c]
+        c0 = min(s["best_k"])
+        best = [r for r in out["model"] if r["hardware"] == name and r["ttt_steps"] == s["best_k"][c0]
+                and r["concurrency"] == c0]
+        f[f"{name}.speedup_c{c0}"] = round(best[0]["speedup"], 4)
     for key, rows, meas in (("cpu", out["cpu_comparison"], "measured_speedup"),
                             ("published", out["published"], "published_speedup")):
         if rows:

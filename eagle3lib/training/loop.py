@@ -267,7 +267,8 @@ class Trainer:
                     self._emit(self.last_val)
                     chosen = self.last_val if cfg.best_by == "estimate" else None
                 if probe_now:
-                    chosen = self._served_probe() if cfg.best_by != "estimate" else chosen
+                    served = self._served_probe()
+                    chosen = served if cfg.best_by != "estimate" else chosen
                 if chosen is not None:
                     score(self, chosen)
                     if cfg.patience and self.best.since_best >= cfg.patience:

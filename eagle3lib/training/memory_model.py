@@ -9,19 +9,24 @@ A profile whose longest packed row cannot fit the device is refused before train
     attention     flash: 13 x the largest group of block scores (eagle3lib/model/ttt_flash.make_plan; constant in L)
                   doc: the [heads, L, L] scores and probabilities of each step: quadratic in L (sdpa/dense: the
                   same figure, an upper bound: SDPA keeps no probabilities; measured 0.5-0.8x of it)
-    parameters    weights + gradients + AdamW's two moments (fp32), per process (DDP keeps a full copy; FSDP shards)
-    verifier head the frozen target head [vocab, H] and embedding rows the loss and the inputs need
+    parameters    weights + AdamW's two moments (fp32; bf16 adds autocast's bf16 copy of the weights), per process
+                  (DDP keeps a full copy; FSDP shards); the fp32 gradients are counted once, in step (see step_bytes)
+    verifier head the frozen target head [vocab, H] and embedding rows the loss and the inputs need (+ the draft
+                  vocabulary's rows of the head with train.target_logits: draft)
+    target logits the verifier's logits on the draft vocabulary, fp32, held through the step (TTTModel.targets)
     inputs        the micro-batch's verifier states: 4 x H per token in the store's dtype (3 aux layers + final)
 
-per_step (fp32, llama layer; bytes per token): 46.9 H + 15.5 I + 13.8 heads x head_dim + 7.9 kv_heads x head_dim
-+ 7.8 draft_vocab, and once per token -8.8 H - 0.6 draft_vocab (steps >= 1 run on slightly fewer rows). These are a
-least-squares fit to the bytes the autograd graph keeps (saved-tensor hooks) over 11 drafter shapes, exact to 0.1%
-(tests/test_memory_model.py re-counts them); the backward and attention multipliers are fitted to
-benchmarks/long_context.py's measured peaks (CPU, fp32), which the model matches within 20% (that benchmark prints
-each ratio). bf16 (CUDA autocast) halves the activations except the loss's fp32 terms; not measured here (no GPU).
+Activation bytes per token (`FP32`, `BF16`, llama layer): least-squares fits to the bytes the autograd graph keeps
+(saved-tensor hooks: tests/test_memory_model.py's kept_bytes_per_token re-counts them, in fp32 and under bf16
+autocast); the backward and attention multipliers are fitted to benchmarks/long_context.py's measured peaks (CPU,
+fp32), which the model matches within 20% (that benchmark prints each ratio; --bf16 measures under autocast).
+
+    .venv/bin/python -m eagle3lib.training.memory_model kimi-k2.5 --memory-gb 96 141   # a profile's rows, GiB
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
@@ -35,11 +40,55 @@ QUADRATIC_TRANSIENT = 4  # [heads, L, L]-sized fp32 tensors alive at once in the
 HEADROOM = 0.9  # plan for this share of the device's memory: allocator fragmentation, CUDA context, communication
 
 
+@dataclass(frozen=True)
+class Activations:
+    """Bytes per token autograd keeps: per TTT step (hidden, intermediate, heads x head_dim and kv_heads x head_dim per
+    decoder layer; draft_vocab: the loss's fp32 logits) and once (steps >= 1 run on slightly fewer rows than step 0;
+    bf16: autocast's bf16 copy of fc's input)."""
+
+    hidden: float
+    intermediate: float
+    heads: float
+    kv_heads: float
+    draft_vocab: float
+    once_hidden: float
+    once_draft_vocab: float
+
+
+# fp32: fitted over 11 drafter shapes (tests/test_memory_model.py::test_activation_bytes_match_the_autograd_graph).
+FP32 = Activations(46.9, 15.5, 13.8, 7.9, 7.8, -8.8, -0.6)
+# bf16 autocast: fitted over 60 drafter shapes (hidden 128-448, K 2-6) to the bytes kept under torch.autocast("cpu",
+# dtype=torch.bfloat16), all within 2% (tests/test_memory_model.py::test_bf16_activation_bytes_match_the_autograd_graph
+# checks two shapes it was not fitted on; `.venv/bin/python tests/test_memory_model.py` fits them again). Not FP32 / 2
+# (which the model used before: 1.32x and 1.33x too little at hidden 256 and 512): the torch RMSNorm upcasts, keeping its input
+# in fp32 and its fp32 normalised product, 7 fp32 [tokens, H] tensors per step. train.kernels triton's RMSNorm (CUDA)
+# keeps its bf16 input and one scale per token instead: there these figures are an upper bound (no GPU measured them).
+BF16 = Activations(34.5, 7.8, 5.9, 5.7, 7.4, 7.5, 1.0)
+
+
+def activations(dtype_bytes: int) -> Activations:
+    return BF16 if dtype_bytes == 2 else FP32
+
+
 def per_step_bytes(s: DrafterShape, dtype_bytes: int = 4) -> float:
-    """Bytes per token autograd keeps for one TTT step (fp32 fit; scaled by the activation dtype but the loss's fp32)."""
-    d = (s.qk_dim + s.v_dim) / 2  # the fit had equal widths
-    act = s.num_layers * (46.9 * s.hidden + 15.5 * s.intermediate + 13.8 * s.heads * d + 7.9 * s.kv_heads * d)
-    return act * dtype_bytes / 4 + 7.8 * s.draft_vocab
+    """Bytes per token autograd keeps for one TTT step, in fp32 (4) or under bf16 autocast (2)."""
+    c = activations(dtype_bytes)
+    d = (s.qk_dim + s.v_dim) / 2  # the fits had equal widths
+    layer = c.hidden * s.hidden + c.intermediate * s.intermediate + c.heads * s.heads * d + c.kv_heads * s.kv_heads * d
+    return s.num_layers * layer + c.draft_vocab * s.draft_vocab
+
+
+def once_bytes(s: DrafterShape, dtype_bytes: int = 4) -> float:
+    """Bytes per token autograd keeps once per micro-batch, besides K x per_step_bytes."""
+    c = activations(dtype_bytes)
+    return c.once_hidden * s.hidden + c.once_draft_vocab * s.draft_vocab
+
+
+def target_logits_bytes(s: DrafterShape) -> float:
+    """Bytes per token of the verifier's target logits TTTModel.targets returns and the step holds to its end: the
+    draft vocabulary's rows in fp32 (`.float()`) and the argmax (int64), with train.target_logits full or draft alike
+    ("full" forms the whole vocabulary's logits only 4,096 rows at a time, before the forward: never the peak)."""
+    return 4 * s.draft_vocab + 8
 
 
 def flash_group_elements(heads: int, row_tokens: int, sample_tokens: int) -> int:
@@ -58,8 +107,11 @@ def step_bytes(s: DrafterShape, K: int, row_tokens: int, sample_tokens: int, lay
     T = rows * row_tokens
     L = min(sample_tokens, row_tokens)
     per = per_step_bytes(s, dtype_bytes)
-    total = T * (K * per + BACKWARD * per - 8.8 * s.hidden - 0.6 * s.draft_vocab)
-    total += 4 * s.parameters()  # parameter gradients (fp32)
+    total = T * (K * per + BACKWARD * per + once_bytes(s, dtype_bytes))
+    # The parameters' fp32 gradients, counted once: DDP is built with gradient_as_bucket_view (training/distributed.py),
+    # so each .grad is a view into DDP's all-reduce buckets, not a second fp32 copy beside them (4 x parameters more:
+    # 3.7 GiB for the kimi-k2.5 drafter). FSDP's sharded gradients are counted whole here (an upper bound).
+    total += 4 * s.parameters()
     if layout == "auto":
         from eagle3lib.model.ttt_attention import AUTO_DOC_MAX
 
@@ -75,13 +127,18 @@ def step_bytes(s: DrafterShape, K: int, row_tokens: int, sample_tokens: int, lay
 
 
 def run_bytes(s: DrafterShape, K: int, row_tokens: int, sample_tokens: int, layout: str = "auto",
-              dtype_bytes: int = 4, rows: int = 1, store_dtype_bytes: int = 2, shards: int = 1) -> dict[str, float]:
-    """Every term of one process's peak, in bytes (`shards` = processes FSDP shards parameters over; 1 for DDP)."""
+              dtype_bytes: int = 4, rows: int = 1, store_dtype_bytes: int = 2, shards: int = 1,
+              target_logits: str = "full") -> dict[str, float]:
+    """Every term of one process's peak, in bytes (`shards` = processes FSDP shards parameters over; 1 for DDP;
+    `target_logits`: train.target_logits)."""
     P = s.parameters()
+    head_rows = 2 * s.vocab + (s.draft_vocab if target_logits == "draft" else 0)
     terms = {
         "step": step_bytes(s, K, row_tokens, sample_tokens, layout, dtype_bytes, rows),
         "parameters": P * (dtype_bytes if dtype_bytes == 4 else 4 + dtype_bytes) / shards + 8 * P / shards,
-        "verifier_head": 4 * s.vocab * s.hidden * 2,  # frozen embedding + target head (fp32 copies)
+        # frozen embedding + target head (fp32 copies), and its draft rows TTTModel copies for target_logits: draft
+        "verifier_head": 4 * head_rows * s.hidden,
+        "target_logits": rows * row_tokens * target_logits_bytes(s),
         "inputs": rows * row_tokens * 4 * s.hidden * (store_dtype_bytes + 4),  # stored + the fp32 copy training uses
     }
     terms["total"] = sum(terms.values())
@@ -89,14 +146,16 @@ def run_bytes(s: DrafterShape, K: int, row_tokens: int, sample_tokens: int, layo
 
 
 def longest_that_fits(s: DrafterShape, K: int, memory_bytes: float, layout: str = "auto", dtype_bytes: int = 4,
-                      rows: int = 1, store_dtype_bytes: int = 2, shards: int = 1, step: int = 1024) -> int:
+                      rows: int = 1, store_dtype_bytes: int = 2, shards: int = 1, step: int = 1024,
+                      target_logits: str = "full") -> int:
     """The longest packed row (one sample filling it: the worst case) whose step fits `memory_bytes` x HEADROOM; 0 if
     none does. Rows grow in multiples of `step` tokens."""
     budget = memory_bytes * HEADROOM
     lo, hi = 0, 1 << 20
     while hi - lo > step:  # run_bytes grows with the row: bisect
         mid = (lo + hi) // 2 // step * step or step
-        if run_bytes(s, K, mid, mid, layout, dtype_bytes, rows, store_dtype_bytes, shards)["total"] <= budget:
+        if run_bytes(s, K, mid, mid, layout, dtype_bytes, rows, store_dtype_bytes, shards,
+                     target_logits)["total"] <= budget:
             lo = mid
         else:
             hi = mid
@@ -119,12 +178,15 @@ class DoesNotFit(ValueError):
 
 
 def check_fits(s: DrafterShape, K: int, row_tokens: int, sample_tokens: int, memory_bytes: float, *, layout: str,
-               dtype_bytes: int, rows: int, store_dtype_bytes: int, shards: int, where: str) -> dict[str, float]:
+               dtype_bytes: int, rows: int, store_dtype_bytes: int, shards: int, where: str,
+               target_logits: str = "full") -> dict[str, float]:
     """The model's terms; raises DoesNotFit naming the keys to lower and the longest row that fits."""
-    terms = run_bytes(s, K, row_tokens, sample_tokens, layout, dtype_bytes, rows, store_dtype_bytes, shards)
+    terms = run_bytes(s, K, row_tokens, sample_tokens, layout, dtype_bytes, rows, store_dtype_bytes, shards,
+                      target_logits)
     if terms["total"] <= memory_bytes * HEADROOM:
         return terms
-    best = longest_that_fits(s, K, memory_bytes, layout, dtype_bytes, rows, store_dtype_bytes, shards)
+    best = longest_that_fits(s, K, memory_bytes, layout, dtype_bytes, rows, store_dtype_bytes, shards,
+                             target_logits=target_logits)
     parts = ", ".join(f"{k} {v / GIB:.1f}" for k, v in terms.items() if k != "total")
     raise DoesNotFit(
         f"{where}: a packed row of {row_tokens} tokens (longest sample {sample_tokens}) needs ~{terms['total'] / GIB:.1f}"
@@ -134,15 +196,67 @@ def check_fits(s: DrafterShape, K: int, row_tokens: int, sample_tokens: int, mem
         + ", or train.memory_gb to plan for another device.")
 
 
+def plan_of(cfg: TrainConfig, cuda: bool, store_dtype: str, world: int) -> dict:
+    """check_fits' keywords for a train section (bf16 autocast: precision bfloat16, or auto on CUDA)."""
+    bf16 = cfg.precision == "bfloat16" or (cfg.precision == "auto" and cuda)
+    return dict(layout=cfg.attention, dtype_bytes=2 if bf16 else 4, rows=cfg.micro_batch_rows,
+                store_dtype_bytes={"float32": 4, "bfloat16": 2}.get(store_dtype, 1),
+                shards=world if cfg.distributed == "fsdp" else 1, target_logits=cfg.target_logits)
+
+
 def check_train_memory(cfg: TrainConfig, dcfg, longest: int, device: torch.device, store_dtype: str,
                        world: int) -> dict[str, float]:
     """The train stage's check before any memory is spent (cfg: the train section; dcfg: the DrafterConfig; `longest`:
     the longest training sample, cut to the row). Returns the model's terms in GiB for the manifest."""
     memory = cfg.memory_gb * GIB if cfg.memory_gb else device_memory_bytes(device)
-    bf16 = cfg.precision == "bfloat16" or (cfg.precision == "auto" and device.type == "cuda")
     terms = check_fits(DrafterShape.of(dcfg), cfg.ttt_steps, cfg.packed_row_tokens, longest, memory,
-                       layout=cfg.attention, dtype_bytes=2 if bf16 else 4, rows=cfg.micro_batch_rows,
-                       store_dtype_bytes={"float32": 4, "bfloat16": 2}.get(store_dtype, 1),
-                       shards=world if cfg.distributed == "fsdp" else 1,
+                       **plan_of(cfg, device.type == "cuda", store_dtype, world),
                        where=f"train (packed_row_tokens {cfg.packed_row_tokens})")
     return {k: round(v / GIB, 3) for k, v in terms.items()}
+
+
+def profile_plan(profile: str) -> tuple[TrainConfig, DrafterShape, dict]:
+    """A profile's train section, its drafter (built for deployment.verifier_shape) and check_fits' keywords on a CUDA
+    host (bf16 under precision auto), for planning without the verifier's files."""
+    from eagle3lib.config.profile import load_profile
+    from eagle3lib.model.drafter_shape import choose_drafter_layer, drafter_config_from
+
+    prof = load_profile(profile, sections=["train", "extract", "deployment"])
+    cfg, vshape = prof.section("train"), prof.section("deployment").verifier_shape
+    if vshape is None:
+        raise ValueError(f"{prof.path}: no deployment.verifier_shape to build the drafter from")
+    layer = choose_drafter_layer(cfg.drafter_layer, vshape, cuda=True)
+    s = DrafterShape.of(drafter_config_from(cfg, vshape, [0], cfg.draft_vocab_size, "verifier", layer))
+    return cfg, s, plan_of(cfg, True, str(prof.section("extract").dtype), cfg.nproc_per_node)
+
+
+def profile_report(profile: str, memory_gb: list[float], row_tokens: list[int]) -> list[str]:
+    """The table docs/howto/long-traces.md shows: GiB per process for one sample filling each row, then the longest
+    row that fits each memory (GiB, as train.memory_gb)."""
+    cfg, s, plan = profile_plan(profile)
+    terms = ["step", "parameters", "verifier_head", "target_logits", "inputs"]
+    out = [f"{profile}: packed_row_tokens {cfg.packed_row_tokens}, {s.parameters() / 1e9:.2f}B parameters, "
+           f"K {cfg.ttt_steps}, {'bf16' if plan['dtype_bytes'] == 2 else 'fp32'}, target_logits {cfg.target_logits}",
+           "| row tokens | layout | " + " | ".join(terms) + " | total | " + " | ".join(f"fits {m:g} GiB" for m in memory_gb)
+           + " |"]
+    for n in row_tokens:
+        for layout in ("flash", "doc"):
+            t = run_bytes(s, cfg.ttt_steps, n, n, **{**plan, "layout": layout})
+            fits = ["yes" if t["total"] <= m * GIB * HEADROOM else "no" for m in memory_gb]
+            out.append(f"| {n:,} | {layout} | " + " | ".join(f"{t[k] / GIB:.1f}" for k in [*terms, "total"])
+                       + " | " + " | ".join(fits) + " |")
+    for m in memory_gb:
+        best = longest_that_fits(s, cfg.ttt_steps, m * GIB, **plan)
+        out.append(f"{m:g} GiB (budget {HEADROOM:.0%}: {m * HEADROOM:.1f} GiB): the longest row that fits is {best:,}")
+    return out
+
+
+if __name__ == "__main__":
+    import argparse
+
+    ap = argparse.ArgumentParser(description="The memory model's terms for a profile's drafter (GiB per process).")
+    ap.add_argument("profile", help="a profile name or YAML file with deployment.verifier_shape (e.g. kimi-k2.5)")
+    ap.add_argument("--memory-gb", type=float, nargs="+", default=[96.0, 141.0], help="device memory, GiB")
+    ap.add_argument("--rows", type=int, nargs="+", default=[8192, 16384, 32768], help="row lengths to tabulate")
+    a = ap.parse_args()
+    print("\n".join(profile_report(a.profile, a.memory_gb, a.rows)))

@@ -7,9 +7,11 @@ within 1% on the demo, but nothing showed it holds at temperature, on other data
 what serving pays for while there is still time to pick the checkpoint (`train.best_by: served_greedy |
 served_sampled`).
 
-How: the weights are written as a drafter checkpoint (the one vLLM would load) and read back through the evaluate
-stage's loader, then decoded with the library's speculative decoding (eagle3lib/model/speculative.py) and the HF
-verifier loaded once into the training process (rank 0; the other ranks wait). Prompts: the first
+How: the weights are written as a drafter checkpoint (the one vLLM would load), then either read back through the
+evaluate stage's loader and decoded with the library's speculative decoding (eagle3lib/model/speculative.py) and the
+HF verifier loaded once into the training process (`train.served_eval_backend: library`), or served by a vLLM server
+started for the probe with that checkpoint as its speculator (`vllm`, on `train.served_eval_gpus`: vLLM cannot swap a
+running server's speculator weights). Rank 0 measures; the other ranks wait. Prompts: the first
 `served_eval_prompts` validation samples by id, each cut where its first answer token starts. One fixed seed per
 prompt, so two probes differ only by the drafter.
 """
@@ -47,15 +49,15 @@ def probe_prompts(reader: Any, val: list[int], n: int) -> list[tuple[str, list[i
 
 
 class ServedProbe:
-    """Rank 0's probe: the verifier and the prompts are loaded at the first probe and kept."""
+    """Rank 0's probe: the prompts (and, for the library, the verifier) are loaded at the first probe and kept."""
 
     def __init__(self, t: Trainer):
         cfg = t.cfg
         self.every, self.k, self.max_tokens = cfg.served_eval_every, cfg.ttt_steps, cfg.served_eval_max_tokens
-        self.temperature = cfg.served_eval_temperature
+        self.temperature, self.backend, self.gpus = cfg.served_eval_temperature, cfg.served_eval_backend, cfg.served_eval_gpus
         self.n_prompts = cfg.served_eval_prompts
         self.verifier: Verifier | None = None
-        self.prompts: list[tuple[str, list[int]]] = []
+        self.prompts: list[tuple[str, list[int]]] | None = None
         self.eos: list[int] = []
         self.load_s = 0.0
 
@@ -64,11 +66,12 @@ class ServedProbe:
 
     def _open(self, t: Trainer) -> None:
         t0 = time.time()
-        vcfg = t.verifier_cfg
-        model = load_hf_model(t.model_path, "float32", trust_remote_code=vcfg.trust_remote_code).to(t.device)
-        self.verifier = Verifier(model)
-        self.eos = eos_ids(load_tokenizer(t.model_path, vcfg.trust_remote_code), t.model_path)
         self.prompts = probe_prompts(t.reader, t.split.val, self.n_prompts)
+        if self.backend == "library":
+            vcfg = t.verifier_cfg
+            model = load_hf_model(t.model_path, "float32", trust_remote_code=vcfg.trust_remote_code).to(t.device)
+            self.verifier = Verifier(model)
+            self.eos = eos_ids(load_tokenizer(t.model_path, vcfg.trust_remote_code), t.model_path)
         self.load_s = time.time() - t0
 
     def measure(self, t: Trainer) -> dict[str, Any] | None:
@@ -82,34 +85,67 @@ class ServedProbe:
         dist.barrier()
         return rec
 
+    def modes(self) -> dict[str, float]:
+        return {"greedy": 0.0, **({"sampled": self.temperature} if self.temperature > 0 else {})}
+
     def _measure_rank0(self, t: Trainer, state: dict[str, torch.Tensor]) -> dict[str, Any] | None:
-        if self.verifier is None:
+        if self.prompts is None:
             self._open(t)
         if not self.prompts:
             return None
         t0 = time.time()
         with tempfile.TemporaryDirectory(prefix="eagle3lib-probe-") as tmp:
             ckpt = save_drafter(state, t.dcfg, Path(tmp) / "drafter")
-            drafter, _ = load_drafter(ckpt, device=t.device, verifier_path=t.model_path)
-        rec: dict[str, Any] = {"kind": "served", "step": t.progress.step,
+            got = self._vllm(t, ckpt) if self.backend == "vllm" else self._library(t, ckpt)
+        rec: dict[str, Any] = {"kind": "served", "step": t.progress.step, "backend": self.backend,
                                "epoch": round(t.plan.epoch_float(t.progress.step - 1), 4), "prompts": len(self.prompts)}
-        modes = {"greedy": 0.0, **({"sampled": self.temperature} if self.temperature > 0 else {})}
-        with torch.no_grad():
-            for mode, temperature in modes.items():
-                eagle = EagleDrafter(drafter)
-                runs: list[DecodeResult] = []
-                for j, (_, prompt) in enumerate(self.prompts):
-                    gen = torch.Generator().manual_seed(1_000_003 * t.cfg.seed + j)
-                    runs.append(speculative_decode(self.verifier, eagle, prompt, self.max_tokens, self.k, eos=self.eos,
-                                                   temperature=temperature, generator=gen))
-                s = summarize_runs(runs, self.k)
-                rec[f"tau_{mode}"] = s["tau"]
-                rec[f"accept_rate_pos_{mode}"] = s["accept_rate_pos"]
-                rec[f"output_tokens_{mode}"] = s["output_tokens"]
+        for mode, s in got.items():
+            rec[f"tau_{mode}"] = s["tau"]
+            rec[f"accept_rate_pos_{mode}"] = s["accept_rate_pos"]
+            rec[f"output_tokens_{mode}"] = s["output_tokens"]
         rec.update(probe_s=round(time.time() - t0, 3), load_s=round(self.load_s, 3), time=time.time(),
                    elapsed_s=t.elapsed())
         self.load_s = 0.0  # counted once, in the first probe's record
         return rec
+
+    def _library(self, t: Trainer, ckpt: Path) -> dict[str, dict[str, Any]]:
+        """The library's speculative decoding, one prompt at a time, one fixed seed per prompt."""
+        drafter, _ = load_drafter(ckpt, device=t.device, verifier_path=t.model_path)
+        out = {}
+        with torch.no_grad():
+            for mode, temperature in self.modes().items():
+                eagle = EagleDrafter(drafter)
+                runs: list[DecodeResult] = []
+                for j, (_, prompt) in enumerate(self.prompts or []):
+                    gen = torch.Generator().manual_seed(1_000_003 * t.cfg.seed + j)
+                    runs.append(speculative_decode(self.verifier, eagle, prompt, self.max_tokens, self.k, eos=self.eos,
+                                                   temperature=temperature, generator=gen))
+                out[mode] = summarize_runs(runs, self.k)
+        return out
+
+    def _vllm(self, t: Trainer, ckpt: Path) -> dict[str, dict[str, Any]]:
+        """A vLLM server with this checkpoint as its speculator, the prompts as token ids, vLLM's spec-decode counters
+        read around each pass (eagle3lib/vllm/measure.py): what serving measures, at the cost of a server start."""
+        from eagle3lib.vllm.measure import EvalPrompt, run_pass
+        from eagle3lib.vllm.server import server_for_verifier
+        from eagle3lib.vllm.speculative_config import speculative_config
+
+        vcfg = t.verifier_cfg
+        server = server_for_verifier(vcfg, t.model_path, t.out_dir / "served_probe_vllm.log",
+                                     speculative_config=speculative_config(ckpt, self.k),
+                                     extra_args=list(vcfg.extra_server_args),
+                                     extra_env={"CUDA_VISIBLE_DEVICES": self.gpus} if self.gpus else {})
+        prompts = [EvalPrompt(pid, "probe", ids) for pid, ids in self.prompts or []]
+        out = {}
+        with server:
+            ep = server.endpoint()
+            for mode, temperature in self.modes().items():
+                p = run_pass(ep, prompts, temperature=temperature, max_tokens=self.max_tokens,
+                             concurrency=len(prompts), request_timeout_s=600.0, connect_timeout_s=10.0, counters=True,
+                             label=f"probe {mode}", progress=False)
+                out[mode] = {"tau": p.get("tau"), "accept_rate_pos": p.get("accept_rate_pos"),
+                             "output_tokens": p.get("output_tokens")}
+        return out
 
 
 def served_score(rec: dict[str, Any], best_by: str) -> dict[str, Any]:
