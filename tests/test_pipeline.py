@@ -77,9 +77,16 @@ def test_tiny_pipeline_end_to_end(tiny_run):
     tb = read_tensorboard(run / "train" / "tensorboard")
     jsonl = read_metrics(run / "train" / "metrics.jsonl")
     assert [(r["kind"], r["step"]) for r in tb if r["kind"] != "evaluate"] == [(r["kind"], r["step"]) for r in jsonl]
-    assert all(abs(a["loss"] - b["loss"]) <= 1e-5 * b["loss"] for a, b in zip(tb, jsonl, strict=False))
+    assert all(abs(a["loss"] - b["loss"]) <= 1e-5 * b["loss"] for a, b in zip(tb, jsonl, strict=False) if "loss" in b)
+    # the tiny profile's served probe (train.served_eval_every) at the last step: measured tau beside the estimate
+    (probe,) = [r for r in jsonl if r["kind"] == "served"]
+    assert probe["step"] == 24 and probe["tau_greedy"] > 1.2 and tf["served_tau_greedy"] == probe["tau_greedy"]
 
     e = manifest(run, "evaluate")["figures"]
+    # evaluate.speed_repeats: the two servers interleaved, order alternating, the median ratio inside its range
+    speed = json.loads((run / "evaluate" / "results.json").read_text())["vllm_speed"]
+    assert [r["order"][0] for r in speed["repeats"]] == ["spec", "base", "spec"]
+    assert e["vllm_speedup_interleaved_lo"] <= e["vllm_speedup_interleaved"] <= e["vllm_speedup_interleaved_hi"]
     assert e["ttt_steps"] == k and e["num_prompts"] == 6 and e["num_prompts_lib"] == 3
     # accepted in vLLM and the library (1.47 / 1.41 measured; a drafter loaded or fed wrongly is accepted ~never)
     assert e["tau_vllm_greedy"] > 1.2 and e["tau_lib_greedy"] > 1.2, (e["tau_vllm_greedy"], e["tau_lib_greedy"])

@@ -57,6 +57,9 @@ class EvaluateConfig(StageConfig):
     per_prompt: bool = False  # every prompt measured alone (one request in flight, vLLM's counters read around it):
     # tau per prompt, hence tau's interval over prompts and tau apart for answers that loop; tokens/s and the speedup
     # are then single-stream (eagle3lib/evaluation/per_prompt.py)
+    speed_repeats: int = Field(0, ge=0)  # also measure the speedup with the two servers interleaved: this many pairs of
+    # greedy passes alternating between them (order alternating too), the median ratio and its range
+    # (eagle3lib/evaluation/interleaved_speed.py); needs both servers up at once (CPU, or given URLs); 0 = off
     spec_server_url: str | None = None  # an already running server with this drafter as speculator; None = start one
     base_server_url: str | None = None  # an already running server of the verifier alone; None = start one
     server_args: list[str] = []  # extra api_server args for both local servers (after verifier.extra_server_args)

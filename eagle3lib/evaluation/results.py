@@ -123,6 +123,9 @@ def build_figures(results: dict[str, Any]) -> dict[str, Any]:
         f[f"vllm_tokens_per_s_spec{suffix}"] = spec_t
         f[f"vllm_tokens_per_s_base{suffix}"] = base_t
         f[f"vllm_speedup{suffix}"] = spec_t / base_t if spec_t and base_t else None
+    speed = results.get("vllm_speed") or {}  # evaluate.speed_repeats: the two servers interleaved
+    f["vllm_speedup_interleaved"] = speed.get("speedup")
+    f["vllm_speedup_interleaved_lo"], f["vllm_speedup_interleaved_hi"] = speed.get("speedup_range") or (None, None)
     for mode, suffix in (("greedy", ""), ("sampled", "_sampled")):  # another client's requests in the counters
         f[f"vllm_other_requests{suffix}"] = ((v.get(mode) or {}).get("other_traffic") or {}).get("other_requests", 0)
     f["vllm_greedy_same_output_frac_spec_base"] = v.get("greedy_same_output_frac_spec_base")

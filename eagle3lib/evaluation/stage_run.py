@@ -37,6 +37,7 @@ from eagle3lib.evaluation.inputs import (
     resolve_checkpoint,
     select_prompts,
 )
+from eagle3lib.evaluation.interleaved_speed import interleaved_speed
 from eagle3lib.evaluation.k_sweep import k_sweep
 from eagle3lib.evaluation.library import library_device, measure_library, per_prompt_rows, summarize_library
 from eagle3lib.evaluation.per_prompt import add_spread, lib_outputs, lib_rows
@@ -212,6 +213,27 @@ def library(ev: Evaluation) -> None:
     if "greedy" in cfg.modes and results["lib"]["greedy_equals_plain_frac"] < 1.0:
         ev.notes.append(f"library greedy speculative output differs from plain greedy decoding on "
                         f"{1 - results['lib']['greedy_equals_plain_frac']:.0%} of prompts (numerical near-ties)")
+
+
+def speed(ev: Evaluation) -> None:
+    """The speedup with the two servers interleaved (eagle3lib/evaluation/interleaved_speed.py), before the passes
+    that measure each server alone."""
+    cfg = ev.cfg
+    key = {**ev.vkey, "urls": [ev.servers.key_url(w) for w in WHICH], "speed_repeats": cfg.speed_repeats}
+    t0 = time.time()
+    res = load_phase(ev.out_dir, "speed", key)
+    reused = res is not None
+    if res is None:
+        if has_cuda() and not all(ev.servers.url(w)[0] for w in WHICH):
+            ev.notes.append("evaluate.speed_repeats: not measured: two local servers of the verifier cannot share its "
+                            "GPUs; give evaluate.spec_server_url and base_server_url on separate GPUs to interleave")
+            return
+        for w in WHICH:
+            ev.open(w, background=True)
+        res = as_input_error(interleaved_speed, cfg, {w: ev.servers.get(w) for w in WHICH}, ev.prompts)
+        save_phase(ev.out_dir, "speed", key, res)
+    ev.results["vllm_speed"] = res
+    ev.results["phases"]["vllm_speed"] = {"seconds": round(time.time() - t0, 1), "reused": reused}
 
 
 def served(ev: Evaluation) -> None:

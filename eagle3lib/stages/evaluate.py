@@ -38,6 +38,8 @@ def run(ctx: StageContext) -> dict[str, Any]:
             if ev.cfg.library:
                 phase.library(ev)
             if ev.cfg.vllm:
+                if ev.cfg.speed_repeats:
+                    phase.speed(ev)
                 phase.served(ev)
                 phase.same_dist(ev)
                 phase.other_drafters(ev)

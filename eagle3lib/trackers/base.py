@@ -7,7 +7,7 @@ import math
 from typing import Any
 
 TRACKERS = ("tensorboard", "wandb", "mlflow")
-KINDS = ("train", "val")
+KINDS = ("train", "val", "served")  # metrics.jsonl record kinds, in the order one step writes them
 # numeric record fields that are not metrics: the x axis, and the wall clock (it becomes each point's timestamp)
 NOT_METRICS = ("kind", "step", "time")
 
