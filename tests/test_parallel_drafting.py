@@ -177,10 +177,14 @@ def test_vllm_serves_the_peagle_checkpoint_with_greedy_outputs_identical(tiny_ve
     from eagle3lib.data.datasets import load_conversations
     from eagle3lib.model.checkpoint import load_drafter
     from eagle3lib.model.drafter import Eagle3Drafter
+    from eagle3lib.model.speculative import EagleDrafter, Verifier, speculative_decode, summarize_runs
+    from eagle3lib.model.verifier import eos_ids, load_hf_model, load_tokenizer
     from eagle3lib.vllm.client import chat_once
+    from eagle3lib.vllm.measure import EvalPrompt, run_pass
     from eagle3lib.vllm.server import VLLMServer
     from eagle3lib.vllm.spec_metrics import fetch_counters
 
+    tok = load_tokenizer(str(tiny_verifier))
     chain, cfg = load_drafter(train_dir / "final", verifier_path=str(tiny_verifier))
     cfg = replace(cfg, parallel_drafting=True, mask_token_id=0)
     d = Eagle3Drafter(cfg)
@@ -194,6 +198,18 @@ def test_vllm_serves_the_peagle_checkpoint_with_greedy_outputs_identical(tiny_ve
                     extra_args=["--enforce-eager"], speculative_config=spec_cfg) as spec:
         got = [chat_once(spec.endpoint(), m, max_tokens=48).content for m in msgs]
         c = fetch_counters(spec.base_url)
+        # vLLM's tau on these prompts as token ids, from its counters, against the library's with the same drafter: a
+        # server that drafted the chain way (ignoring parallel_drafting) or misread mask_hidden would accept otherwise
+        ids = [tok.apply_chat_template(m, add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]
+               for m in msgs]
+        served = run_pass(spec.endpoint(), [EvalPrompt(f"p{i}", "x", x) for i, x in enumerate(ids)], temperature=0.0,
+                          max_tokens=48, concurrency=1, request_timeout_s=120, connect_timeout_s=10, counters=True,
+                          progress=False)
     want = [chat_once(vllm_server.endpoint(), m, max_tokens=48).content for m in msgs]
     assert got == want
     assert c.drafts > 0 and c.draft_tokens == 3 * c.drafts and c.accepted > 0
+    v = Verifier(load_hf_model(str(tiny_verifier), "float32"))
+    drafter, _ = load_drafter(ckpt, verifier_path=str(tiny_verifier))
+    eos = eos_ids(tok, str(tiny_verifier))
+    lib = summarize_runs([speculative_decode(v, EagleDrafter(drafter), x, 48, 3, eos=eos) for x in ids], 3)
+    assert abs(served["tau"] - lib["tau"]) <= 0.15, (served["tau"], lib["tau"])
