@@ -152,8 +152,8 @@ def run_stage(stage: Stage, profile: str, run_dir: Path, overrides: dict[str, An
 def stale_reason(run_dir: Path, name: str) -> str | None:
     """Why the complete stage `name` no longer matches its input (None if it does): it started from another output of
     its input stage than the one there now (the input completed again since: re-run, forced, or made on another
-    machine). Ids, not clocks: a clock stepped by NTP, or two machines' clocks, once made a finished 363-step drafter
-    count as stale and retrained. A failed or interrupted attempt of the input stage does not count (its data is
+    machine). Ids, not clocks: a clock stepped by NTP, or stages run on machines whose clocks differ, would make a
+    finished stage look older than its input and redo it. A failed or interrupted attempt of the input stage does not count (its data is
     unchanged or, resumed, still to be completed); a stage made before ids were recorded is never called stale."""
     upstream = INPUT_STAGE.get(name)
     mine = read_manifest(run_dir / name)
