@@ -18,7 +18,7 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from eagle3lib.core.paths import ASSETS_DIR
+from eagle3lib.core.paths import ASSETS_DIR, REPO_ROOT
 
 # The tiny pipeline at a small setting (tests/test_pipeline.py checks it; other modules read it).
 TINY_SETS = [
@@ -103,7 +103,8 @@ class PipelineRun:
     def execute(self) -> None:
         try:
             for cmd in self.commands:
-                self.results.append(subprocess.run(cmd, capture_output=True, text=True, env=self.env))
+                # from the repository, whatever directory a test running beside it has changed to
+                self.results.append(subprocess.run(cmd, capture_output=True, text=True, env=self.env, cwd=REPO_ROOT))
                 f = self.run / "run.json"
                 self.run_json.append(json.loads(f.read_text()) if f.exists() else {})
                 if self.results[-1].returncode != 0:

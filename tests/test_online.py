@@ -58,7 +58,8 @@ def runs(dataset, tmp_path_factory):
 
 
 def _curve(train_dir: Path) -> dict[tuple[str, int], dict]:
-    return {(r["kind"], r["step"]): r for r in read_metrics(train_dir / "metrics.jsonl")}
+    # the training curve: train and validation records (the tiny profile's served probes: tests/test_served_probe.py)
+    return {(r["kind"], r["step"]): r for r in read_metrics(train_dir / "metrics.jsonl") if r["kind"] in ("train", "val")}
 
 
 def _same_curve(a: dict, b: dict, atol: float) -> float:

@@ -32,7 +32,8 @@ from eagle3lib.training.loop import train
 from eagle3lib.training.metrics import read_metrics
 
 # ~120 samples, 3 epochs of ~4 steps: validation at steps 4, 8, 12; checkpoints every 5 steps
-RUN = {"train.max_samples": 120, "train.epochs": 3, "train.log_every": 1, "train.ckpt_every": 5,
+RUN = {"train.served_eval_every": 0,  # the records of training alone (probes: tests/test_served_probe.py)
+       "train.max_samples": 120, "train.epochs": 3, "train.log_every": 1, "train.ckpt_every": 5,
        "train.nproc_per_node": 1, "train.report_to": ["tensorboard", "wandb", "mlflow"]}
 KILL_AT = 7  # the first attempt is killed once a record of this step is on disk: past the step-5 checkpoint
 TIMINGS = ("time", "elapsed_s", "tokens_per_s", "samples_per_s", "peak_mem_mb")  # not reproduced by a resume
