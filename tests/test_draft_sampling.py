@@ -29,7 +29,7 @@ def test_greedy_and_probabilistic_drafting_served_and_matched_by_the_library(tin
     ctx = open_stage("evaluate", "tiny", tmp_path, {
         "evaluate.draft_sample_methods": ["greedy", "probabilistic"], "evaluate.sampling_temperatures": [0.8],
         "evaluate.block_verification": True,
-        "evaluate.n_prompts": 8, "evaluate.max_tokens": 48, "evaluate.warmup_requests": 1, "evaluate.progress": False})
+        "evaluate.n_prompts": 8, "evaluate.max_tokens": 32, "evaluate.warmup_requests": 1, "evaluate.progress": False})
     cfg, vcfg = ctx.cfg, ctx.verifier
     tok = load_tokenizer(str(tiny_verifier))
     prompts = select_prompts(cfg, tok, vcfg.max_model_len, 3, None)[0]
