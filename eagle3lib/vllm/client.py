@@ -152,6 +152,20 @@ async def answers_health(http: httpx.AsyncClient, timeout_s: float) -> bool:
     return r.status_code == 200
 
 
+async def _wait_for_server(http: httpx.AsyncClient, policy: RetryPolicy, down_since: float, retry: int, reason: str,
+                           on_retry: Callable[[str], None] | None, cause: Exception, what: str, detail: str,
+                           also: str = "") -> None:
+    """A server that is down (refused connections) or hung (no answer, not even /health): ServerUnreachable once it
+    has been so for policy.server_down_wait_s, else the retry's back-off (the prompt's attempts are not used up)."""
+    waited = time.monotonic() - down_since
+    if waited >= policy.server_down_wait_s:
+        raise ServerUnreachable(f"verifier server {http.base_url} {what} for {waited:.0f} s{also} (the wait allowed: "
+                                f"{policy.server_down_wait_s:g} s): {detail}") from cause
+    if on_retry:
+        on_retry(reason)
+    await asyncio.sleep(policy.delay(retry))
+
+
 async def chat_with_retries(http: httpx.AsyncClient, payload: dict[str, Any], policy: RetryPolicy,
                             on_retry: Callable[[str], None] | None = None, failover: bool = False,
                             on_response: Callable[[], None] | None = None) -> Reply:
@@ -172,15 +186,9 @@ async def chat_with_retries(http: httpx.AsyncClient, payload: dict[str, Any], po
         except (httpx.ConnectError, httpx.ConnectTimeout) as e:
             if failover:
                 raise ServerDown(f"{http.base_url}: {_describe(e)}") from e
-            now = time.monotonic()
-            down_since = down_since if down_since is not None else now
-            if now - down_since >= policy.server_down_wait_s:
-                raise ServerUnreachable(
-                    f"verifier server {http.base_url} unreachable for {now - down_since:.0f} s "
-                    f"(the wait allowed: {policy.server_down_wait_s:g} s): {_describe(e)}") from e
-            if on_retry:
-                on_retry("connect")
-            await asyncio.sleep(policy.delay(retry))
+            down_since = down_since if down_since is not None else time.monotonic()
+            await _wait_for_server(http, policy, down_since, retry, "connect", on_retry, e, "unreachable",
+                                   _describe(e))
             retry += 1
             continue
         except (httpx.TimeoutException, httpx.NetworkError, httpx.RemoteProtocolError) as e:
@@ -189,15 +197,9 @@ async def chat_with_retries(http: httpx.AsyncClient, payload: dict[str, Any], po
                 if failover:
                     raise ServerDown(f"{http.base_url}: no answer, not even to /health: {error}") from e
                 down_since = down_since if down_since is not None else sent_at
-                now = time.monotonic()
-                if now - down_since >= policy.server_down_wait_s:
-                    raise ServerUnreachable(
-                        f"verifier server {http.base_url} answered nothing for {now - down_since:.0f} s, not even "
-                        f"/health (the wait allowed: {policy.server_down_wait_s:g} s): it accepts connections but "
-                        f"is hung (stopped? deadlocked?): {error}") from e
-                if on_retry:
-                    on_retry("hung")
-                await asyncio.sleep(policy.delay(retry))
+                await _wait_for_server(http, policy, down_since, retry, "hung", on_retry, e, "answered nothing",
+                                       f"it accepts connections but is hung (stopped? deadlocked?): {error}",
+                                       ", not even /health")
                 retry += 1
                 continue
         else:
