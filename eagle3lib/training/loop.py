@@ -57,7 +57,7 @@ from eagle3lib.training.inputs import load_inputs
 from eagle3lib.training.memory_model import check_train_memory
 from eagle3lib.training.metrics import MetricsWriter, console_line, ordered_record, peak_mem_mb, read_metrics
 from eagle3lib.training.progress import Progress, Window, lr_at
-from eagle3lib.training.served_probe import ServedProbe, served_score
+from eagle3lib.training.served_probe import ServedProbe
 from eagle3lib.training.setup import (
     TrainingDiverged,
     TrainingError,
@@ -267,8 +267,7 @@ class Trainer:
                     self._emit(self.last_val)
                     chosen = self.last_val if cfg.best_by == "estimate" else None
                 if probe_now:
-                    served = self._served_probe()
-                    chosen = served if cfg.best_by != "estimate" else chosen
+                    chosen = self._served_probe() or chosen
                 if chosen is not None:
                     score(self, chosen)
                     if cfg.patience and self.best.since_best >= cfg.patience:
@@ -294,12 +293,15 @@ class Trainer:
 
     def _served_probe(self) -> dict[str, Any] | None:
         """One served-acceptance probe (eagle3lib/training/served_probe.py): its record on rank 0's metrics, and the
-        record the checkpoint choice reads, alike on every rank (rank 0 measured; the others are told)."""
+        record the checkpoint choice reads (train.best_by served_*: the probe's tau in the place of the estimate), alike
+        on every rank (rank 0 measured; the others are told)."""
         rec = self.probe.measure(self)
         if rec is not None:
             self.served_records.append(rec)
             self._emit(rec)
-        tau = served_score(rec, self.cfg.best_by)["tau_est"] if rec else None
+        if self.cfg.best_by == "estimate":  # measured and recorded; the checkpoint choice reads the validation
+            return None
+        tau = rec.get(f"tau_{self.cfg.best_by.removeprefix('served_')}") if rec else None
         got = dist.all_reduce_(torch.tensor([tau if tau is not None else 0.0, 1.0 if tau is not None else 0.0],
                                             dtype=torch.float64, device=self.device))
         if not got[1]:

@@ -146,9 +146,3 @@ class ServedProbe:
                 out[mode] = {"tau": p.get("tau"), "accept_rate_pos": p.get("accept_rate_pos"),
                              "output_tokens": p.get("output_tokens")}
         return out
-
-
-def served_score(rec: dict[str, Any], best_by: str) -> dict[str, Any]:
-    """A probe record as the checkpoint choice reads a validation record (eagle3lib/training/best.py): its step,
-    epoch, and the tau that `train.best_by` names in the place of the estimate."""
-    return {"step": rec["step"], "epoch": rec["epoch"], "tau_est": rec.get("tau_" + best_by.removeprefix("served_"))}
