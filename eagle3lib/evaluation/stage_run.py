@@ -332,11 +332,13 @@ def sweeps(ev: Evaluation, k_model: Any) -> None:
 
 
 def sampling(ev: Evaluation) -> None:
-    """Sampled tau by draft sample method (and block verification), each on its own server, every prompt alone, with
-    the library's tau beside it (eagle3lib/evaluation/draft_sampling.py)."""
+    """Sampled tau by draft sample method (and block verification), each on its own server (vLLM's default drafting on
+    a given spec server), every prompt alone, with the library's tau beside it
+    (eagle3lib/evaluation/draft_sampling.py)."""
     ev.servers.close_all()  # each configuration's server measures alone
     t0 = time.time()
-    block = draft_sampling(ev.cfg, ev.vcfg, ev.model_path, ev.ckpt, ev.prompts, ev.k, ev.eos, ev.out_dir, ev.vkey)
+    block = draft_sampling(ev.cfg, ev.vcfg, ev.model_path, ev.ckpt, ev.prompts, ev.k, ev.eos, ev.out_dir, ev.vkey,
+                           ev.servers.url("spec")[0])
     ev.results["draft_sampling"] = block
     ev.results["phases"]["draft_sampling"] = {"seconds": round(time.time() - t0, 1)}
     for name, why in block["unserved"].items():
