@@ -64,6 +64,10 @@ class RecipesConfig(StageConfig):
     # in the table's order: BUILTIN_RECIPES' names, "dflash", or a key of `custom`
     modes: list[Literal["greedy", "sampled"]] = ["greedy", "sampled"]  # vLLM decodings measured per recipe (sampled
     # at evaluate.temperature): greedy verification accepts only the argmax, so a loss can win one and lose the other
+    seeds: list[int] = []  # training seeds (train.seed) per recipe; [] = the train section's seed alone. Two or
+    # more: every recipe trained once per seed (RUN_DIR/recipes/<name>.seed-<seed>/ beside the default seed's folder),
+    # every drafter measured with each prompt alone, and each recipe's tau and its difference to the first recipe get
+    # intervals over prompts and a verdict: one seed's ranking is one draw (eagle3lib/studies/recipe_seeds.py)
     dflash_steps: int = Field(1000, ge=1)  # DFlash optimizer steps (4 sequences x 32 blocks each; ~30 s per 1,000 on
     # the tiny verifier, 2 cores)
     dflash_layers: int = Field(1, ge=1)  # DFlash drafter layers (each reads the whole context: one is the paper's
@@ -98,6 +102,13 @@ class RecipesConfig(StageConfig):
             raise ValueError(f"a recipe listed twice: {v}")
         if not v:
             raise ValueError("at least one recipe")
+        return v
+
+    @field_validator("seeds")
+    @classmethod
+    def _seeds(cls, v: list[int]) -> list[int]:
+        if len(set(v)) != len(v) or any(x < 0 for x in v):
+            raise ValueError(f"distinct seeds >= 0, got {v}")
         return v
 
     @field_validator("modes")

@@ -42,6 +42,9 @@ def measure_served(ecfg: EvaluateConfig, vcfg: VerifierConfig, ckpt: Path | None
         out[m] = {"tau": r.get("tau"), "accept_rate_pos": r.get("accept_rate_pos"), "tokens_per_s": r["tokens_per_s"],
                   "categories": {c: v.get("tau") for c, v in r["categories"].items()}, "outputs": r["outputs"],
                   "context_buckets": {b: v.get("tau") for b, v in (r.get("context_buckets") or {}).items()}}
+        if ecfg.per_prompt:  # every prompt alone: its rounds and accepted drafts, for intervals over prompts
+            out[m]["per_prompt"] = [{f: row.get(f) for f in ("id", "rounds", "accepted", "accepted_per_pos")}
+                                    for row in (r.get("per_prompt") or {}).values()]
     return out
 
 

@@ -10,7 +10,8 @@ import polars as pl
 
 def recipes_table(result: dict[str, Any]) -> pl.DataFrame:
     """The side-by-side table: served as, parameters, training, the validation estimate and vLLM's tau and speedup
-    per measured mode, greedy identity with the verifier alone."""
+    per measured mode, greedy identity with the verifier alone; with recipes.seeds, tau pooled over the seeds with its
+    interval over prompts, each seed's, and the difference to the first recipe with its verdict."""
     modes = result["modes"]
     rows = []
     for r in result["rows"]:
@@ -18,6 +19,12 @@ def recipes_table(result: dict[str, Any]) -> pl.DataFrame:
                "steps": r["steps"], "train s": r["train_s"], "validation estimate": r["val_tau_est"]}
         for m in modes:
             row[f"vLLM tau {m}"] = r[f"tau_vllm_{m}"]
+            if f"tau_vllm_{m}_seeds" in r:  # recipes.seeds: pooled over seeds, its interval over prompts, each seed's
+                lo, hi = r[f"tau_vllm_{m}_interval"] or (None, None)
+                row[f"{m} 95% interval"] = f"[{lo:.2f}, {hi:.2f}]" if lo is not None else None
+                row[f"{m} per seed"] = ", ".join(f"{t:.2f}" if t is not None else "-" for t in r[f"tau_vllm_{m}_seeds"])
+                cmp = r.get(f"vs_reference_{m}")
+                row[f"{m} vs {cmp['reference'] if cmp else 'the first'}"] = _versus(cmp)
         for m in modes:
             row[f"speedup {m}"] = r[f"speedup_{m}"]
         if "greedy" in modes:
@@ -25,6 +32,15 @@ def recipes_table(result: dict[str, Any]) -> pl.DataFrame:
         row["trained"] = r["source"]
         rows.append(row)
     return pl.DataFrame(rows, infer_schema_length=None) if rows else pl.DataFrame()
+
+
+def _versus(cmp: dict[str, Any] | None) -> str | None:
+    """A recipe against the first: the difference, its interval, and whether the seeds and prompts support it."""
+    if cmp is None or cmp["difference"] is None:
+        return None
+    lo, hi = cmp["difference_interval"] or (None, None)
+    iv = f" [{lo:+.2f}, {hi:+.2f}]" if lo is not None else ""
+    return f"{cmp['difference']:+.2f}{iv} {'supported' if cmp['supported'] else 'not told apart'}"
 
 
 def serving_table(result: dict[str, Any]) -> pl.DataFrame:

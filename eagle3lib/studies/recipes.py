@@ -32,6 +32,7 @@ from eagle3lib.core.manifest import StageTimer, timed_stage
 from eagle3lib.evaluation.inputs import best_is_chosen
 from eagle3lib.evaluation.phases import fingerprint, load_phase, save_phase
 from eagle3lib.evaluation.vllm_tau import measure_served
+from eagle3lib.studies.recipe_seeds import pool_rows
 from eagle3lib.training.variants import QUIET, finished_with, train_variant
 from eagle3lib.vllm.speculative_config import served_as, speculative_config
 
@@ -40,16 +41,22 @@ class RecipesError(RuntimeError):
     pass
 
 
-def _train_chain(ctx: StageContext, name: str, echo) -> dict[str, Any]:
-    """A recipe of train overrides: (reused or trained) folder, checkpoint and the train manifest's figures."""
-    over = ctx.cfg.overrides(name)
+def _folder(name: str, seed: int | None) -> str:
+    """RUN_DIR/recipes/<folder>: the recipe's name, with the seed when it is not the train section's."""
+    return name if seed is None else f"{name}.seed-{seed}"
+
+
+def _train_chain(ctx: StageContext, name: str, echo, seed: int | None = None) -> dict[str, Any]:
+    """A recipe of train overrides (`seed`: train.seed, None = the profile's): (reused or trained) folder, checkpoint
+    and the train manifest's figures."""
+    over = {**ctx.cfg.overrides(name), **({"train.seed": seed} if seed is not None else {})}
     own = open_stage("train", ctx.profile.path, ctx.run_dir, {**ctx.profile.overrides, **over}, say=lambda _m: None)
     tdir = ctx.stage_dir("train")
     if m := finished_with(tdir, own.manifest_params()):
         source = "the train stage"
     else:
-        tdir = ctx.dir / name
-        m, reused = train_variant(ctx, tdir, {**over, **QUIET}, f"recipe {name}", echo)
+        tdir = ctx.dir / _folder(name, seed)
+        m, reused = train_variant(ctx, tdir, {**over, **QUIET}, f"recipe {_folder(name, seed)}", echo)
         source = "reused" if reused else "trained here"
     f, outs = m["figures"], m.get("outputs") or {}
     best = best_is_chosen(m)
@@ -58,15 +65,16 @@ def _train_chain(ctx: StageContext, name: str, echo) -> dict[str, Any]:
             "steps": f.get("steps"), "parameters": f.get("drafter_parameters")}
 
 
-def _train_dflash(ctx: StageContext, model_path: str, k: int, echo) -> dict[str, Any]:
-    """DFlash on the run's store, K drafts per block; resumable in RUN_DIR/recipes/dflash/, reused when finished with
-    the same settings."""
+def _train_dflash(ctx: StageContext, model_path: str, k: int, echo, seed: int | None = None) -> dict[str, Any]:
+    """DFlash on the run's store, K drafts per block; resumable in RUN_DIR/recipes/dflash/ (dflash.seed-<seed>/), reused
+    when finished with the same settings."""
     from eagle3lib.training.dflash_loop import DFlashTrainConfig, train_dflash
 
     cfg, tcfg = ctx.cfg, ctx.profile.section("train")
     dcfg = DFlashTrainConfig(block=k, num_layers=cfg.dflash_layers, steps=cfg.dflash_steps,
-                             val_fraction=tcfg.val_fraction, val_max_samples=tcfg.val_max_samples, seed=tcfg.seed)
-    out, want = ctx.dir / DFLASH, {**asdict(dcfg), "verifier": model_path}
+                             val_fraction=tcfg.val_fraction, val_max_samples=tcfg.val_max_samples,
+                             seed=tcfg.seed if seed is None else seed)
+    out, want = ctx.dir / _folder(DFLASH, seed), {**asdict(dcfg), "verifier": model_path}
     settings = out / "settings.json"  # what this folder trains: a killed run resumes only into the same settings
     m = json.loads((out / "manifest.json").read_text()) if (out / "manifest.json").exists() else None
     if m is not None and settings.exists() and json.loads(settings.read_text()) == want:
@@ -76,11 +84,11 @@ def _train_dflash(ctx: StageContext, model_path: str, k: int, echo) -> dict[str,
             shutil.rmtree(out)  # another configuration's drafter (or a finished one): not resumed
         out.mkdir(parents=True, exist_ok=True)
         write_json_atomic(settings, want)
-        echo(f"recipes: training recipe dflash ({out.relative_to(ctx.run_dir)}/)")
+        echo(f"recipes: training recipe {out.name} ({out.relative_to(ctx.run_dir)}/)")
         # its step lines stay out of the report (as a chain recipe's do); the curve is in dflash/metrics.jsonl
         m = train_dflash(ctx.stage_dir("extract"), model_path, out, dcfg, progress=False)
         f = m["figures"]
-        echo(f"[dflash] done: {f['steps']} steps in {f['train_s']} s, val_tau_est {f['val_tau_est']:.3f}")
+        echo(f"[{out.name}] done: {f['steps']} steps in {f['train_s']} s, val_tau_est {f['val_tau_est']:.3f}")
         source = "trained here"
     f = m["figures"]
     return {"dir": out, "checkpoint": out / "final", "source": source, "val_tau_est": f.get("val_tau_est"),
@@ -89,12 +97,15 @@ def _train_dflash(ctx: StageContext, model_path: str, k: int, echo) -> dict[str,
 
 def _measure(ctx: StageContext, ckpt: Path | None, k: int, name: str) -> dict[str, Any]:
     """vLLM's measurement of one drafter (None: the verifier alone), reused from RUN_DIR/recipes/phases/ when it ran
-    with the same drafter files, prompts and settings."""
+    with the same drafter files, prompts and settings; every prompt alone when several seeds are compared."""
     ecfg, vcfg, cfg = ctx.profile.section("evaluate"), ctx.verifier, ctx.cfg
+    if len(cfg.seeds) > 1:
+        ecfg = ecfg.model_copy(update={"per_prompt": True})
     key = {"ckpt": fingerprint(ckpt) if ckpt is not None else None, "k": k, "modes": cfg.modes,
            "prompts": ecfg.prompts, "n_prompts": ecfg.n_prompts, "seed": ecfg.seed, "max_tokens": ecfg.max_tokens,
            "temperature": ecfg.temperature, "concurrency": ecfg.concurrency, "dtype": vcfg.dtype,
            "server_args": [*vcfg.extra_server_args, *ecfg.server_args], "context_buckets": ecfg.context_buckets,
+           "per_prompt": ecfg.per_prompt,
            "base_url": ecfg.base_server_url if ckpt is
            None else None}
     res = load_phase(ctx.dir, f"vllm_{name}", key)
@@ -149,13 +160,21 @@ def _run(ctx: StageContext, timer: StageTimer, echo: Callable[[str], None],
     ecfg, tcfg = ctx.profile.section("evaluate"), ctx.profile.section("train")
     k = ecfg.ttt_steps or tcfg.ttt_steps
     model_path = resolve_model(ctx.verifier.model)
-    trained = {n: _train_dflash(ctx, model_path, k, echo) if n == DFLASH else _train_chain(ctx, n, echo)
-               for n in ctx.cfg.names}
+    # None: the train section's seed, in the recipe's own folder; a seed of recipes.seeds beside it
+    seeds: list[int | None] = [None if s == tcfg.seed else s for s in ctx.cfg.seeds] or [None]
+    trained = {(n, s): _train_dflash(ctx, model_path, k, echo, s) if n == DFLASH else _train_chain(ctx, n, echo, s)
+               for n in ctx.cfg.names for s in seeds}
     echo(f"recipes: measuring the verifier alone and {len(trained)} drafters through vLLM (K = {k}, "
          f"{', '.join(ctx.cfg.modes)})")
     base = _measure(ctx, None, k, "verifier")
-    rows = [_row(ctx, n, t, _measure(ctx, t["checkpoint"], k, n), base, k) for n, t in trained.items()]
+    measured = {(n, s): _measure(ctx, t["checkpoint"], k, _folder(n, s)) for (n, s), t in trained.items()}
+    rows = [_row(ctx, n, trained[(n, seeds[0])], measured[(n, seeds[0])], base, k) for n in ctx.cfg.names]
+    comparisons = None
+    if len(seeds) > 1:
+        comparisons = pool_rows(rows, {n: [measured[(n, s)] for s in seeds] for n in ctx.cfg.names},
+                                {n: [trained[(n, s)] for s in seeds] for n in ctx.cfg.names}, base, ctx.cfg.modes)
     result = {"rows": rows, "ttt_steps": k, "modes": ctx.cfg.modes, "prompts": base["prompts"],
+              "seeds": [tcfg.seed if s is None else s for s in seeds], "comparisons": comparisons,
               "verifier_alone": {f"tokens_per_s_{m}": base[m]["tokens_per_s"] for m in ctx.cfg.modes},
               "settings": {"prompts": ecfg.prompts, "n_prompts": ecfg.n_prompts, "max_tokens": ecfg.max_tokens,
                            "temperature": ecfg.temperature, "concurrency": ecfg.concurrency, "dtype": ctx.verifier.dtype}}
@@ -180,6 +199,14 @@ def _run(ctx: StageContext, timer: StageTimer, echo: Callable[[str], None],
     for r in rows:
         for m in ctx.cfg.modes:
             figures[f"tau_vllm_{m}_{r['recipe']}"] = r[f"tau_vllm_{m}"]
+            if r.get(f"tau_vllm_{m}_interval"):
+                figures[f"tau_vllm_{m}_{r['recipe']}_lo"], figures[f"tau_vllm_{m}_{r['recipe']}_hi"] = \
+                    r[f"tau_vllm_{m}_interval"]
+    if comparisons:
+        figures["seeds"] = len(seeds)
+        for m in ctx.cfg.modes:
+            figures[f"differences_supported_{m}"] = [r["recipe"] for r in rows if (r.get(f"vs_reference_{m}") or
+                                                                                    {}).get("supported")]
     timer.finish(figures, outputs)
     return result
 
