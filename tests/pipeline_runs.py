@@ -39,8 +39,8 @@ TINY_SETS = [
 # then data scaling (not in a default run): two more trainings on 1/4 and 1/2 of the data, the whole data's point
 # measured by vLLM in the evaluate stage and taken from it (a point measured by a server of its own goes through
 # evaluation/vllm_tau.py, which the recipes stage's test serves: tests/test_recipes.py)
-TINY_SCALING = ["--stages", "data_scaling", "--set", "data_scaling.fractions=[0.25,0.5,1.0]",
-                "--set", "data_scaling.vllm_points=1"]
+TINY_SCALING_SETS = ["data_scaling.fractions=[0.25,0.5,1.0]", "data_scaling.vllm_points=1"]
+TINY_SCALING = ["--stages", "data_scaling", *(x for s in TINY_SCALING_SETS for x in ("--set", s))]
 
 # Kimi-K2.5's architecture at tiny scale through the same runner (tests/test_pipeline.py)
 KIMI_SETS = [
