@@ -22,9 +22,8 @@ from eagle3lib.config.verifier import VerifierConfig
 from eagle3lib.evaluation.per_prompt import difference_interval, pooled, tau_interval
 from eagle3lib.evaluation.phases import load_phase, save_phase
 from eagle3lib.vllm.endpoint import ServerError, verifier_endpoint
-from eagle3lib.vllm.measure import EvalPrompt, ServingError, run_pass, warmup
+from eagle3lib.vllm.measure import EvalPrompt, check_speculative, run_pass, warmup
 from eagle3lib.vllm.server import has_cuda, server_for_verifier
-from eagle3lib.vllm.spec_metrics import MetricsError, fetch_counters
 from eagle3lib.vllm.speculative_config import speculative_config
 
 REFERENCE = "greedy"  # the configuration every gain is measured against: vLLM's default drafting
@@ -65,13 +64,7 @@ def measure_variant(cfg: EvaluateConfig, vcfg: VerifierConfig, model_path: str, 
     server = None
     if url:
         ep = verifier_endpoint(vcfg, cfg.connect_timeout_s, base_url=url)
-        try:
-            drafts = len(fetch_counters(ep.base_url, ep.headers()).accepted_per_pos)
-        except MetricsError as e:
-            raise MetricsError(f"evaluate.spec_server_url: {e}") from None
-        if drafts and drafts != k:
-            raise ServingError(f"evaluate.spec_server_url: the server drafts {drafts} tokens per round, this "
-                               f"evaluation K={k}")
+        check_speculative(ep, k, "evaluate.spec_server_url")
         res["server"] = "evaluate.spec_server_url"
     else:
         server = server_for_verifier(vcfg, model_path, out_dir / f"vllm_{phase}.log", speculative_config=spec,

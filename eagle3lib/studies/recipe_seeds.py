@@ -38,9 +38,10 @@ def pool_seeds(per_seed: Sequence[Rows]) -> Rows:
 
 
 def recipe_summary(per_seed: Sequence[Rows]) -> dict[str, Any]:
-    """tau pooled over seeds with its interval over prompts, and each seed's own tau."""
+    """tau and acceptance per position pooled over seeds, tau's interval over prompts, and each seed's own tau."""
     rows = pool_seeds(per_seed)
-    return {"tau": pooled(rows)["tau"], "tau_interval": tau_interval(rows),
+    total = pooled(rows)
+    return {"tau": total["tau"], "accept_rate_pos": total["accept_rate_pos"], "tau_interval": tau_interval(rows),
             "tau_seeds": [pooled(seed)["tau"] for seed in per_seed]}
 
 
@@ -87,7 +88,7 @@ def pool_rows(rows: list[dict[str, Any]], measured: dict[str, list[dict[str, Any
             summary = recipe_summary(seeds)
             row[f"tau_vllm_{m}"], row[f"tau_vllm_{m}_interval"] = summary["tau"], summary["tau_interval"]
             row[f"tau_vllm_{m}_seeds"] = summary["tau_seeds"]
-            row[f"accept_rate_pos_{m}"] = pooled(pool_seeds(seeds))["accept_rate_pos"]
+            row[f"accept_rate_pos_{m}"] = summary["accept_rate_pos"]
             tps = [r[m]["tokens_per_s"] for r in res if r[m]["tokens_per_s"]]
             row[f"tokens_per_s_{m}"] = sum(tps) / len(tps) if tps else None
             b = base[m]["tokens_per_s"]

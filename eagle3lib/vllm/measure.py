@@ -186,18 +186,24 @@ def prompt_bucket(edges: Sequence[int]) -> Callable[[EvalPrompt], str] | None:
     return lambda p: bucket_of(len(p.token_ids), list(edges))
 
 
+def check_speculative(ep: Endpoint, k: int, key: str) -> None:
+    """A speculative server to measure at K: it exports spec-decode counters and drafts K tokens per round. `key` is
+    the config key that names the server, for the errors."""
+    try:
+        c = fetch_counters(ep.base_url, ep.headers())
+    except MetricsError as e:
+        raise MetricsError(f"{key}: {e}") from None
+    if c.accepted_per_pos and len(c.accepted_per_pos) != k:
+        raise ServingError(f"{key}: the server drafts {len(c.accepted_per_pos)} tokens per round, this evaluation "
+                           f"K={k}")
+
+
 def measure_vllm(how: PassSettings, ep, prompts: list[EvalPrompt], k: int, which: str, key: str) -> dict[str, Any]:
     """One server's passes: `which` = "spec" (spec-decode counters read per category) or "base" (throughput only).
     `key` is the config key that names the server, for the errors."""
     out: dict[str, Any] = {"server": {k_: v for k_, v in ep.info().items() if k_ != "base_url"}}
     if which == "spec":
-        try:
-            c = fetch_counters(ep.base_url, ep.headers())
-        except MetricsError as e:
-            raise MetricsError(f"{key}: {e}") from None
-        if c.accepted_per_pos and len(c.accepted_per_pos) != k:
-            raise ServingError(f"{key}: the server drafts {len(c.accepted_per_pos)} tokens per round, this evaluation "
-                                f"K={k}")
+        check_speculative(ep, k, key)
     for mode in how.modes:
         t = 0.0 if mode == "greedy" else how.temperature
         warmup(ep, prompts, how.warmup_requests, min(16, how.max_tokens), t, how.request_timeout_s)
