@@ -75,3 +75,28 @@ def test_seeds_are_checked_and_folders_named_apart(tmp_path):
         open_stage("recipes", "tiny", tmp_path, {"recipes.seeds": [0, 0]})
     assert open_stage("recipes", "tiny", tmp_path, {"recipes.seeds": [0, 1]}).cfg.seeds == [0, 1]
     assert _folder("kl", None) == "kl" and _folder("kl", 1) == "kl.seed-1" and _folder("dflash", 2) == "dflash.seed-2"
+
+
+def test_the_report_table_has_one_comparison_column_named_by_the_reference():
+    """The first recipe has no comparison of its own: its cell is empty under the same column as the others' (not a
+    column of its own), and the plot draws the intervals."""
+    from eagle3lib.reports.recipes import plot_recipes, recipes_table
+
+    cmp = versus([_rows([8, 8, 7]), _rows([7, 8, 8])], [_rows([5, 5, 5]), _rows([5, 6, 5])])
+    common = {"served_as": "chain", "parameters": 1, "steps": 1, "train_s": 1.0, "val_tau_est": 1.5, "source": "x",
+              "speedup_greedy": 1.0, "greedy_identical_frac": 1.0, "accept_rate_pos_greedy": [0.5, 0.2, 0.1]}
+    rows = [{"recipe": "kl", **common, "tau_vllm_greedy": 1.52, "tau_vllm_greedy_interval": [1.5, 1.55],
+             "tau_vllm_greedy_seeds": [1.5, 1.53]},
+            {"recipe": "ce", **common, "tau_vllm_greedy": 1.77, "tau_vllm_greedy_interval": [1.73, 1.8],
+             "tau_vllm_greedy_seeds": [1.77, 1.77], "vs_reference_greedy": {"reference": "kl", **cmp}}]
+    table = recipes_table({"modes": ["greedy"], "rows": rows})
+    assert [c for c in table.columns if " vs " in c] == ["greedy vs kl"]
+    assert table["greedy vs kl"].to_list() == [None, f"{cmp['difference']:+.2f} [{cmp['difference_interval'][0]:+.2f}, "
+                                                     f"{cmp['difference_interval'][1]:+.2f}] supported"]
+    assert table["greedy 95% interval"].to_list() == ["[1.50, 1.55]", "[1.73, 1.80]"]
+    fig = plot_recipes({"modes": ["greedy"], "rows": rows, "ttt_steps": 3, "prompts": 3})
+    from matplotlib.container import ErrorbarContainer
+
+    (bars,) = [c for c in fig.axes[0].containers if isinstance(c, ErrorbarContainer)]
+    whiskers = [tuple(seg[:, 1]) for seg in bars.lines[2][0].get_segments()]  # (low, high) per recipe
+    assert whiskers == [pytest.approx((1.5, 1.55)), pytest.approx((1.73, 1.8))]

@@ -14,6 +14,7 @@ def recipes_table(result: dict[str, Any]) -> pl.DataFrame:
     interval over prompts, each seed's, and the difference to the first recipe with its verdict."""
     modes = result["modes"]
     rows = []
+    reference = result["rows"][0]["recipe"] if result["rows"] else None  # what recipes.seeds compares each with
     for r in result["rows"]:
         row = {"recipe": r["recipe"], "served as": r["served_as"], "trainable parameters": r["parameters"],
                "steps": r["steps"], "train s": r["train_s"], "validation estimate": r["val_tau_est"]}
@@ -23,8 +24,7 @@ def recipes_table(result: dict[str, Any]) -> pl.DataFrame:
                 lo, hi = r[f"tau_vllm_{m}_interval"] or (None, None)
                 row[f"{m} 95% interval"] = f"[{lo:.2f}, {hi:.2f}]" if lo is not None else None
                 row[f"{m} per seed"] = ", ".join(f"{t:.2f}" if t is not None else "-" for t in r[f"tau_vllm_{m}_seeds"])
-                cmp = r.get(f"vs_reference_{m}")
-                row[f"{m} vs {cmp['reference'] if cmp else 'the first'}"] = _versus(cmp)
+                row[f"{m} vs {reference}"] = _versus(r.get(f"vs_reference_{m}"))
         for m in modes:
             row[f"speedup {m}"] = r[f"speedup_{m}"]
         if "greedy" in modes:
@@ -82,8 +82,11 @@ def plot_recipes(result: dict[str, Any]):
     x = np.arange(len(rows))
     w = 0.8 / len(modes)
     for i, m in enumerate(modes):
-        ax.bar(x + (i - (len(modes) - 1) / 2) * w, [r[f"tau_vllm_{m}"] or 0 for r in rows], w, label=f"vLLM {m}",
-               color=f"C{i}")
+        taus = [r[f"tau_vllm_{m}"] or 0 for r in rows]
+        ivs = [r.get(f"tau_vllm_{m}_interval") for r in rows]  # recipes.seeds: the 95% interval over prompts
+        err = np.array([[t - iv[0], iv[1] - t] if iv else [0, 0] for t, iv in zip(taus, ivs, strict=True)]).T
+        ax.bar(x + (i - (len(modes) - 1) / 2) * w, taus, w, label=f"vLLM {m}", color=f"C{i}",
+               yerr=err if any(ivs) else None, capsize=3)
     ax.plot(x, [r["val_tau_est"] or np.nan for r in rows], "D", color="k", mfc="none", label="validation estimate")
     ax.set_xticks(x, [f"{r['recipe']}\n({r['served_as']})" for r in rows], fontsize=8)
     ax.set_ylabel("tau (tokens per verification)")
