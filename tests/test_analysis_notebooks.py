@@ -178,3 +178,6 @@ def test_deployment_notebook_plans_kimi_on_every_hardware_row(tmp_path):
     assert "<strong>h100-x8</strong>: does not fit: the weights need 596.2 GB, 576.0 GB available" in html
     assert "num_speculative_tokens_per_batch_size" in html and "MODEL" in html
     assert html.count("image/png") >= 1 and "Traceback" not in html
+    # the decode model against published decode speed: one fitted row, the checks out of sample, in the manifest
+    assert "DeepSeek-R1-0528 FP8" in html and html.count("<td>fit</td>") == 1 and html.count("<td>check</td>") == 15
+    assert 0.5 <= m["figures"]["decode_model_over_measured_min"] <= m["figures"]["decode_model_over_measured_max"] <= 2

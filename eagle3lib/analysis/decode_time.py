@@ -14,7 +14,10 @@ One round for B requests decoding at once (vLLM's batch), K drafted tokens each,
                    (draft vocabulary) and its one-layer KV cache
   each forward     max(bytes / (GPUs x bandwidth x bandwidth_efficiency), FLOPs / (GPUs x peak x flops_efficiency))
                    + step_overhead (scheduling, sampling, launches): the larger of memory and compute time, as a
-                   roofline; tensor parallelism splits both over the machine's GPUs (all-reduces not counted)
+                   roofline; tensor parallelism splits both over the machine's GPUs
+                   + layers x layer_overhead under tensor parallelism (GPUs > 1): a fixed cost per layer whatever the
+                   batch (two all-reduces a layer and the many small per-GPU kernels between them), which the
+                   roofline has no term for; fitted to one published measurement (published_decode.py)
 
   tokens per round = tau(K) per request; speedup(B, K) = tau(K) x verifier_step(B, K = 0) / round_time(B, K)
 
@@ -41,11 +44,12 @@ class Machine:
     bandwidth_efficiency: float = 0.7  # share of peak a decode step reaches
     flops_efficiency: float = 0.3  # share of peak a verification step reaches
     overhead_s: float = 0.0005  # per forward
+    layer_overhead_s: float = 0.0  # per layer per forward: the tensor-parallel fixed cost (0 on one GPU)
 
-    def seconds(self, nbytes: float, nflops: float) -> float:
+    def seconds(self, nbytes: float, nflops: float, layers: int = 0) -> float:
         mem = nbytes / (self.gpus * self.bandwidth * self.bandwidth_efficiency)
         comp = nflops / (self.gpus * self.flops * self.flops_efficiency)
-        return max(mem, comp) + self.overhead_s
+        return max(mem, comp) + self.overhead_s + layers * self.layer_overhead_s
 
 
 class VerifierCost:
@@ -53,6 +57,7 @@ class VerifierCost:
 
     def __init__(self, v):
         h, L = v.hidden_size, v.num_hidden_layers
+        self.layers = L
         heads = v.num_attention_heads
         if v.kv_lora_rank:  # MLA: low-rank q, a cached latent of kv_lora_rank + rope, expanded per head
             qk = (v.qk_nope_head_dim or 128) + (v.qk_rope_head_dim or 64)
@@ -108,6 +113,7 @@ class DrafterCost:
         self.fc = 3 * s.hidden * s.hidden
         self.layer = s.parameters() - self.fc  # the layers, final norm and the draft lm_head
         self.weight_bytes = weight_bytes
+        self.layers = s.num_layers
         self.weight_bytes_held = s.parameters() * weight_bytes  # the embedding is the verifier's, shared by vLLM
         self.kv_bytes_per_token = s.kv_cache_elements() * weight_bytes
         self.kv_heads = 1 if s.is_mla else s.kv_heads  # vLLM caches an MLA latent as one MQA head
@@ -164,11 +170,11 @@ def round_time(v: VerifierCost, d: DrafterCost, m: Machine, batch: int, k: int, 
     """One round: the verifier checking K + 1 tokens per request, and (K > 0) the drafter's K forwards. A tree
     (SGLang's EAGLE defaults, for the published figures): `verify_tokens` per request checked, `draft_width`
     candidates expanded per drafter forward."""
-    verifier = m.seconds(*v.step(batch, (verify_tokens or k + 1) if k else 1, context))
+    verifier = m.seconds(*v.step(batch, (verify_tokens or k + 1) if k else 1, context), v.layers)
     drafter = 0.0
     if k > 0:
-        drafter = m.seconds(*d.forward(batch, batch * tau, context, with_fc=True))
-        drafter += (k - 1) * m.seconds(*d.forward(batch, batch * draft_width, context, with_fc=False))
+        drafter = m.seconds(*d.forward(batch, batch * tau, context, with_fc=True), d.layers)
+        drafter += (k - 1) * m.seconds(*d.forward(batch, batch * draft_width, context, with_fc=False), d.layers)
     return RoundTime(batch, k, tau if k else 1.0, verifier, drafter)
 
 

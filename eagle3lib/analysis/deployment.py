@@ -57,9 +57,11 @@ def drafter_shape_for(train_cfg, shape: VerifierShape, ckpt: Path | None = None)
 
 def machine(row, cfg: DeploymentConfig, gpus: int | None = None) -> Machine:
     """A params/hardware.yaml row as the model's machine (tensor parallel over all its GPUs unless `gpus`)."""
-    return Machine(gpus=gpus or row.count, bandwidth=row.mem_bw_tbs * 1e12, flops=row.bf16_tflops * 1e12,
+    n = gpus or row.count
+    return Machine(gpus=n, bandwidth=row.mem_bw_tbs * 1e12, flops=row.bf16_tflops * 1e12,
                    bandwidth_efficiency=cfg.bandwidth_efficiency, flops_efficiency=cfg.flops_efficiency,
-                   overhead_s=cfg.step_overhead_ms / 1e3)
+                   overhead_s=cfg.step_overhead_ms / 1e3,
+                   layer_overhead_s=cfg.tp_layer_overhead_us / 1e6 if n > 1 else 0.0)
 
 
 def measured_acceptance(results: dict[str, Any] | None) -> tuple[list[float], str] | None:

@@ -8,10 +8,8 @@ what is compared is how the speedup falls as the batch grows, which is what the 
 Shapes are the models' published config.json values (Llama-3.1-8B-Instruct, Qwen3-8B); the drafters are one EAGLE-3
 Llama layer at the verifier's hidden size with a 32,000-token draft vocabulary (as the published drafters).
 
-Those two sources set deployment.flops_efficiency (docs/howto/choose-k.md): they calibrate the model. PUBLISHED_DECODE
-below is OUT OF SAMPLE, used to fit nothing: absolute decode speed (time per output token of one request, no
-speculation) of a large MoE on 8-GPU machines, against the verifier step the model computes for the same batch,
-context and machine with the deployment section's default efficiencies and step overhead.
+Those two sources set deployment.flops_efficiency (docs/howto/choose-k.md): they calibrate the model. Absolute decode
+speed of large MoE verifiers on 8-GPU machines, the model's other check, is eagle3lib/analysis/published_decode.py.
 """
 
 from __future__ import annotations
@@ -20,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from eagle3lib.analysis.decode_time import DrafterCost, Machine, VerifierCost, speedup
-from eagle3lib.config.deployment import DeploymentConfig, VerifierShape
+from eagle3lib.config.deployment import VerifierShape
 from eagle3lib.model.drafter_shape import DrafterShape
 
 LLAMA_31_8B = VerifierShape(num_hidden_layers=32, hidden_size=4096, vocab_size=128256, intermediate_size=14336,
@@ -91,60 +89,3 @@ def predict(p: Published, m: Machine) -> list[dict[str, Any]]:
     return [{"source": p.source.split(":")[0].split(" (")[0], "batch": b, "published_speedup": s,
              "model_speedup": at(b, tau), "tau_fitted_at_batch": b0, "tau": tau}
             for b, s in sorted(p.speedup_by_batch.items())]
-
-
-@dataclass(frozen=True)
-class PublishedDecode:
-    """A published decode measurement, OUT OF SAMPLE (nothing in the model or its defaults was set from it): the mean
-    time per output token of a request while `batch` requests decode at once."""
-
-    source: str
-    url: str
-    date: str  # when it was measured
-    setup: str  # engine, version, parallelism, precision, workload, as the source states them
-    verifier: VerifierShape
-    gpus: int  # tensor parallel over all of them
-    mem_bw_tbs: float  # per GPU, as the source's spec table gives it
-    bf16_tflops: float  # dense, per GPU, likewise
-    batch: int  # requests in flight: the benchmark's max concurrency
-    prompt_tokens: int
-    output_tokens: int
-    tpot_ms: float  # the published mean time per output token
-    speculation: str = "none"
-
-    @property
-    def context(self) -> int:
-        """KV tokens per request while it decodes: the prompt and, on average, half the answer."""
-        return self.prompt_tokens + self.output_tokens // 2
-
-
-_INFERENCEX = dict(
-    source="SemiAnalysis InferenceX: B200 NVFP4 vs H200 INT4 on Kimi K2.5/K2.6 (blog, 2026-05-26), tables 'The Numbers'",
-    url="https://inferencex.semianalysis.com/blog/b200-nvfp4-vs-h200-int4-kimi-k2-vllm-perf-per-dollar",
-    date="2026-05-19 (GHA run 26118912054)", verifier=KIMI_K25, gpus=8, prompt_tokens=8192, output_tokens=1024)
-_VLLM = ("vLLM v0.21.0 (vllm/vllm-openai), TP=8, moonshotai/Kimi-K2.5 native INT4 weights, random prompts ISL 8192 / "
-         "OSL 1024, no speculation (no --speculative-config in InferenceX's benchmarks/single_node/kimik2.5_int4_*.sh)")
-
-PUBLISHED_DECODE: tuple[PublishedDecode, ...] = (
-    PublishedDecode(**_INFERENCEX, setup=f"8x H200 SXM, {_VLLM}: 91.18 tok/s/user", mem_bw_tbs=4.8,
-                    bf16_tflops=989, batch=4, tpot_ms=10.97),
-    PublishedDecode(**_INFERENCEX, setup=f"8x H200 SXM, {_VLLM}: 70.28 tok/s/user", mem_bw_tbs=4.8,
-                    bf16_tflops=989, batch=8, tpot_ms=14.23),
-    PublishedDecode(**_INFERENCEX, setup=f"8x B200 SXM, {_VLLM}: 104.36 tok/s/user (no hardware.yaml row: the "
-                                         "source's B200 figures)", mem_bw_tbs=8.0, bf16_tflops=2250, batch=4,
-                    tpot_ms=9.58),
-)
-
-
-def predict_decode(p: PublishedDecode, cfg: DeploymentConfig | None = None) -> dict[str, Any]:
-    """The model's time per output token for a published decode measurement: the verifier alone (one forward per
-    token) for `batch` requests at the measurement's context, with the deployment section's efficiencies and step
-    overhead (its defaults unless `cfg`)."""
-    cfg = cfg or DeploymentConfig()
-    m = Machine(gpus=p.gpus, bandwidth=p.mem_bw_tbs * 1e12, flops=p.bf16_tflops * 1e12,
-                bandwidth_efficiency=cfg.bandwidth_efficiency, flops_efficiency=cfg.flops_efficiency,
-                overhead_s=cfg.step_overhead_ms / 1e3)
-    s = m.seconds(*VerifierCost(p.verifier).step(p.batch, 1, p.context))
-    return {"setup": p.setup.split(",")[0], "batch": p.batch, "published_tpot_ms": p.tpot_ms, "model_tpot_ms": 1e3 * s,
-            "published_tokens_per_s": 1e3 / p.tpot_ms, "model_tokens_per_s": 1 / s,
-            "model_over_published": p.tpot_ms / (1e3 * s)}

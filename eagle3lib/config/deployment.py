@@ -63,6 +63,9 @@ class DeploymentConfig(StageConfig):
     # at batch 2-64 by 14-65%, 0.3 lands within -13%..+25% (small per-request blocks run far below peak)
     step_overhead_ms: float = Field(0.5, ge=0)  # fixed time per forward (scheduling, sampling, launches between CUDA
     # graphs): paid by each drafter forward too, so it is what makes many cheap drafter steps add up
+    tp_layer_overhead_us: float = Field(130.0, ge=0)  # fixed time per layer per forward when tensor parallelism spans
+    # the machine's GPUs (two all-reduces a layer, small per-GPU kernels): fitted to InferenceX's Kimi-K2.5 on 8x H200
+    # at 4 requests (129 us), checked on 8 requests and on 8x B200 (docs/howto/choose-k.md); 0 on one GPU
 
     @field_validator("concurrencies", "ttt_steps")
     @classmethod

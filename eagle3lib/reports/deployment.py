@@ -130,6 +130,15 @@ def plot_cpu(out: dict[str, Any]):
     return fig
 
 
+def decode_table(rows: list[dict[str, Any]]) -> pl.DataFrame:
+    """Absolute decode speed, modelled against published measurements; the point the tensor-parallel term was fitted
+    to is marked, the others are out of sample."""
+    return pl.DataFrame(rows).select(
+        "model", "setup", "batch", pl.when(pl.col("fitted")).then(pl.lit("fit")).otherwise(pl.lit("check")).alias("role"),
+        "published_tpot_ms", "model_tpot_ms", "published_tokens_per_s", "model_tokens_per_s",
+        pl.col("model_over_published").alias("model_over_measured"))
+
+
 def comparison_table(rows: list[dict[str, Any]], measured: str) -> pl.DataFrame | str:
     if not rows:
         return "No measured grid in this run (evaluate.concurrency_sweep measures one on this machine)."

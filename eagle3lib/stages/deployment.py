@@ -1,7 +1,8 @@
 """The deployment stage: which K to serve at which concurrency on each machine of params/hardware.yaml. A decode-round
 MODEL (eagle3lib/analysis/decode_time.py) with this run's measured acceptance, the schedule it implies per hardware row,
 and the model held against what was measured: this run's CPU concurrency grid (the cpu-2core row) and published GPU
-figures (eagle3lib/analysis/published_speedups.py). The analysis is eagle3lib/analysis/deployment.py."""
+figures (eagle3lib/analysis/published_speedups.py: speedup against batch; published_decode.py: absolute decode speed
+of large MoE verifiers). The analysis is eagle3lib/analysis/deployment.py."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from eagle3lib.analysis.deployment import (
     source_run,
 )
 from eagle3lib.analysis.hardware import get_row, load_hardware, resolve_path
+from eagle3lib.analysis.published_decode import PUBLISHED_DECODE, predict_decode
 from eagle3lib.analysis.published_speedups import PUBLISHED, predict
 from eagle3lib.config.stages import StageContext
 from eagle3lib.core.atomic import write_json_atomic, write_text_atomic
@@ -55,12 +57,15 @@ def run(ctx: StageContext) -> dict[str, Any]:
     grid = (results or {}).get("concurrency_grid")
     cpu = cpu_comparison(plan, table[CPU_ROW], cfg, grid) if grid and CPU_ROW in table else []
     published = [r for p in PUBLISHED for r in predict(p, machine(table[p.hardware], cfg, gpus=1))]
+    decode = [predict_decode(p, cfg) for p in PUBLISHED_DECODE]  # absolute speed, this section's settings
     out = {"inputs": inputs, "hardware": names, "model": rows, "schedules": schedules, "capacity": fit,
-           "cpu_comparison": cpu, "published": published, "grid": grid,
-           "settings": {k: getattr(cfg, k) for k in ("bandwidth_efficiency", "flops_efficiency", "step_overhead_ms")}}
+           "cpu_comparison": cpu, "published": published, "published_decode": decode, "grid": grid,
+           "settings": {k: getattr(cfg, k) for k in ("bandwidth_efficiency", "flops_efficiency", "step_overhead_ms",
+                                                    "tp_layer_overhead_us")}}
     write_json_atomic(ctx.dir / "results.json", out)
     outputs = {"results": "results.json"}
-    for name, data in (("model", rows), ("cpu_comparison", cpu), ("published", published)):
+    for name, data in (("model", rows), ("cpu_comparison", cpu), ("published", published),
+                       ("published_decode", decode)):
         if data:
             write_text_atomic(ctx.dir / f"{name}.csv", pl.DataFrame(data).write_csv())
             outputs[name] = f"{name}.csv"
@@ -94,6 +99,9 @@ def figures(out: dict[str, Any], concurrencies: list[int]) -> dict[str, Any]:
             f[f"{key}_model_over_measured_median"] = round(ratios[len(ratios) // 2], 4)
             f[f"{key}_model_over_measured_max"] = round(ratios[-1], 4)
             f[f"{key}_model_over_measured_min"] = round(ratios[0], 4)
+    checks = sorted(r["model_over_published"] for r in out["published_decode"] if not r["fitted"])
+    if checks:  # model tokens/s over measured, at the points the tensor-parallel term was not fitted to
+        f["decode_model_over_measured_min"], f["decode_model_over_measured_max"] = round(checks[0], 4), round(checks[-1], 4)
     if out["cpu_comparison"]:
         ratios = sorted(r["model_fitted_overhead_speedup"] / r["measured_speedup"] for r in out["cpu_comparison"])
         f["cpu_fitted_model_over_measured_median"] = round(ratios[len(ratios) // 2], 4)
