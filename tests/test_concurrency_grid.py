@@ -82,7 +82,7 @@ def test_stage_measures_the_grid_and_vllm_follows_a_schedule(spec_server, vllm_s
             "evaluate.modes": ["greedy"], "evaluate.library": False, "evaluate.checkpoint": "final",
             "evaluate.spec_server_url": spec_server.base_url, "evaluate.base_server_url": vllm_server.base_url,
             "evaluate.concurrency_sweep": [1, 2], "evaluate.ttt_steps_schedule": [[1, 1, 0], [2, 64, 2]],
-            "evaluate.grid_repeats": 2, "evaluate.speed_repeats": 0}
+            "evaluate.grid_repeats": 2, "evaluate.speed_repeats": 0, "evaluate.per_prompt": False}
     r = run_evaluate(open_stage("evaluate", "tiny", run, over))
     grid, f = r["results"]["concurrency_grid"], r["figures"]
     assert [(row["ttt_steps"], row["concurrency"]) for row in grid["rows"]] == [(k, c) for k in (0, 3) for c in (1, 2)]

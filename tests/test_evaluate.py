@@ -34,7 +34,7 @@ TOL = 0.02  # |tau_lib - tau_vllm| and per-position rates, greedy, both fp32 (se
 # speed_repeats 0: the interleaved speedup (the tiny profile's 3 pairs of passes) is checked on the pipeline run
 # (tests/test_pipeline.py), not again in every evaluation here
 QUICK = {"evaluate.n_prompts": 12, "evaluate.max_tokens": 64, "evaluate.concurrency": 4, "evaluate.progress": False,
-         "evaluate.speed_repeats": 0}
+         "evaluate.speed_repeats": 0, "evaluate.per_prompt": False}  # intervals: the pipeline test's evaluate has them
 
 
 def _run_dir(tmp: Path, train_dir: Path) -> Path:

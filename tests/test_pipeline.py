@@ -90,6 +90,8 @@ def test_tiny_pipeline_end_to_end(tiny_run):
     assert e["ttt_steps"] == k and e["num_prompts"] == 6 and e["num_prompts_lib"] == 3
     # accepted in vLLM and the library (1.47 / 1.41 measured; a drafter loaded or fed wrongly is accepted ~never)
     assert e["tau_vllm_greedy"] > 1.2 and e["tau_lib_greedy"] > 1.2, (e["tau_vllm_greedy"], e["tau_lib_greedy"])
+    # the tiny profile measures every prompt alone (evaluate.per_prompt): vLLM's tau with its interval over prompts
+    assert e["tau_vllm_greedy_lo"] <= e["tau_vllm_greedy"] <= e["tau_vllm_greedy_hi"] and "tau_vllm_greedy_looping" in e
     assert e["vllm_tokens_per_s_spec"] > 0 and e["vllm_tokens_per_s_base"] > 0
     # per context bucket: vLLM's prompts sent per (category, bucket) group, whose counters add up to the whole pass's;
     # the library's rounds placed by their context
