@@ -27,6 +27,9 @@ RECIPES: dict[str, dict[str, object]] = {
     "n31-b2": {**N31, "train.max_steps": ROWS // 2},
     "n31-b1": {**N31, "train.batch_rows": 1, "train.max_steps": ROWS},
     "frozen-head-b2": {"train.freeze_lm_head": True, "train.max_steps": ROWS // 2},
+    # the loss on the verifier's argmax alone: the one greedy gain over forward KL that two seeds support on the tiny
+    # verifier (docs/howto/recipes.md); SmolLM2 samples at 0.2, close to greedy
+    "n31-b1-ce": {**N31, "train.batch_rows": 1, "train.max_steps": ROWS, "train.loss": "ce_argmax"},
 }
 KEEP = ("steps", "train_s", "tokens_per_s", "val_tau_est", "val_full_acc_0", "val_full_acc_1", "val_full_acc_2")
 
@@ -42,9 +45,11 @@ def main(argv: list[str]) -> int:
     from eagle3lib.config.stages import open_stage
     from eagle3lib.training.variants import QUIET, train_variant
 
-    ctx = open_stage("train", a.profile, a.run_dir, {}, say=lambda _m: None)
-    root = ctx.run_dir / "early-recipes"
+    run_dir = open_stage("train", a.profile, a.run_dir, {}, say=lambda _m: None).run_dir
+    root = run_dir / "early-recipes"
     root.mkdir(parents=True, exist_ok=True)
+    # the variants' own folder as the stage's: train_variant keeps every variant inside it (never the run's train/)
+    ctx = open_stage("train", a.profile, run_dir, {}, say=lambda _m: None, out_dir=root)
     print(f"{'recipe':16} {'steps':>6} {'train s':>8} {'tokens/s':>9} {'val tau_est':>12}  acceptance 1 / 2 / 3")
     for name in a.recipes:
         out = root / name

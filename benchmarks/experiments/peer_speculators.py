@@ -291,9 +291,10 @@ def main() -> int:
     tag = f"-{a.tag}" if a.tag else ""
     if a.n_prompts:
         over["evaluate.n_prompts"] = a.n_prompts
-    ctx = open_stage("train", a.profile, a.run_dir, over, say=lambda _m: None)
-    out = ctx.run_dir / "peer"
+    out = open_stage("train", a.profile, a.run_dir, over, say=lambda _m: None).run_dir / "peer"
     out.mkdir(parents=True, exist_ok=True)
+    # peer/ as the stage's folder: train_variant keeps every variant inside it (never the run's train/)
+    ctx = open_stage("train", a.profile, out.parent, over, say=lambda _m: None, out_dir=out)
     tcfg, ecfg, vcfg = ctx.profile.section("train"), ctx.profile.section("evaluate"), ctx.verifier
     model_path = resolve_model(vcfg.model)
     reader = HiddenStateReader(ctx.stage_dir("extract"))
