@@ -57,11 +57,16 @@ def drafter_shape_for(train_cfg, shape: VerifierShape, ckpt: Path | None = None)
 
 def machine(row, cfg: DeploymentConfig, gpus: int | None = None) -> Machine:
     """A params/hardware.yaml row as the model's machine (tensor parallel over all its GPUs unless `gpus`)."""
-    n = gpus or row.count
-    return Machine(gpus=n, bandwidth=row.mem_bw_tbs * 1e12, flops=row.bf16_tflops * 1e12,
+    return machine_from(gpus or row.count, row.mem_bw_tbs, row.bf16_tflops, cfg)
+
+
+def machine_from(gpus: int, mem_bw_tbs: float, bf16_tflops: float, cfg: DeploymentConfig) -> Machine:
+    """The model's machine from per-GPU figures, tensor parallel over `gpus`, with the deployment section's
+    efficiencies and overheads (the tensor-parallel cost per layer only when there is more than one GPU)."""
+    return Machine(gpus=gpus, bandwidth=mem_bw_tbs * 1e12, flops=bf16_tflops * 1e12,
                    bandwidth_efficiency=cfg.bandwidth_efficiency, flops_efficiency=cfg.flops_efficiency,
                    overhead_s=cfg.step_overhead_ms / 1e3,
-                   layer_overhead_s=cfg.tp_layer_overhead_us / 1e6 if n > 1 else 0.0)
+                   layer_overhead_s=cfg.tp_layer_overhead_us / 1e6 if gpus > 1 else 0.0)
 
 
 def measured_acceptance(results: dict[str, Any] | None) -> tuple[list[float], str] | None:

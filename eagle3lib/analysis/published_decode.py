@@ -13,7 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from eagle3lib.analysis.decode_time import Machine, VerifierCost
+from eagle3lib.analysis.decode_time import VerifierCost
+from eagle3lib.analysis.deployment import machine_from
 from eagle3lib.analysis.published_speedups import KIMI_K25
 from eagle3lib.config.deployment import DeploymentConfig, VerifierShape
 
@@ -24,10 +25,11 @@ DEEPSEEK_R1 = VerifierShape(num_hidden_layers=61, hidden_size=7168, vocab_size=1
                             qk_rope_head_dim=64, v_head_dim=128, n_routed_experts=256, num_experts_per_tok=8,
                             n_shared_experts=1, moe_intermediate_size=2048, first_k_dense_replace=3, weight_bytes=1.0)
 
+
 @dataclass(frozen=True)
 class PublishedDecode:
-    """A published decode measurement, OUT OF SAMPLE (nothing in the model or its defaults was set from it): the mean
-    time per output token of a request while `batch` requests decode at once."""
+    """A published decode measurement: the mean time per output token of a request while `batch` requests decode at
+    once. Out of sample (nothing in the model or its defaults was set from it) unless `fitted`."""
 
     source: str
     url: str
@@ -52,17 +54,19 @@ class PublishedDecode:
 
 
 _INFERENCEX = dict(
-    source="SemiAnalysis InferenceX: B200 NVFP4 vs H200 INT4 on Kimi K2.5/K2.6 (blog, 2026-05-26), tables 'The Numbers'",
+    source="SemiAnalysis InferenceX: B200 NVFP4 vs H200 INT4 on Kimi K2.5/K2.6 (blog, 2026-05-26), tables "
+           "'The Numbers'",
     url="https://inferencex.semianalysis.com/blog/b200-nvfp4-vs-h200-int4-kimi-k2-vllm-perf-per-dollar",
-    date="2026-05-19 (GHA run 26118912054)", model="Kimi-K2.5 INT4", verifier=KIMI_K25, gpus=8, prompt_tokens=8192, output_tokens=1024)
+    date="2026-05-19 (GHA run 26118912054)", model="Kimi-K2.5 INT4", verifier=KIMI_K25, gpus=8, prompt_tokens=8192,
+    output_tokens=1024)
 _VLLM = ("vLLM v0.21.0 (vllm/vllm-openai), TP=8, moonshotai/Kimi-K2.5 native INT4 weights, random prompts ISL 8192 / "
          "OSL 1024, no speculation (no --speculative-config in InferenceX's benchmarks/single_node/kimik2.5_int4_*.sh)")
 
 _SGLANG_R1_B200 = dict(
     source="SGLang cookbook, DeepSeek-R1 page, section 5.1 Speed Benchmark (sglang.bench_serving outputs)",
     url="https://github.com/sgl-project/sglang/blob/main/docs_new/cookbook/autoregressive/DeepSeek/DeepSeek-R1.mdx",
-    date="2025-12 (SGLang 0.5.6.post1); the page read at commit 3df105d", model="DeepSeek-R1-0528 FP8", verifier=DEEPSEEK_R1, gpus=8, mem_bw_tbs=8.0,
-    bf16_tflops=2250)
+    date="2025-12 (SGLang 0.5.6.post1); the page read at commit 3df105d", model="DeepSeek-R1-0528 FP8",
+    verifier=DEEPSEEK_R1, gpus=8, mem_bw_tbs=8.0, bf16_tflops=2250)
 _SGLANG_R1 = ("8x B200, SGLang 0.5.6.post1, --tp 8, no speculation, random dataset (mean prompt / answer tokens: the "
               "run's totals over its requests)")
 _IX_R1_H200 = dict(
@@ -92,21 +96,14 @@ PUBLISHED_DECODE: tuple[PublishedDecode, ...] = (
 )
 
 
-def decode_machine(p: PublishedDecode, cfg: DeploymentConfig) -> Machine:
-    """The measurement's machine, with the deployment section's efficiencies and overheads."""
-    return Machine(gpus=p.gpus, bandwidth=p.mem_bw_tbs * 1e12, flops=p.bf16_tflops * 1e12,
-                   bandwidth_efficiency=cfg.bandwidth_efficiency, flops_efficiency=cfg.flops_efficiency,
-                   overhead_s=cfg.step_overhead_ms / 1e3,
-                   layer_overhead_s=cfg.tp_layer_overhead_us / 1e6 if p.gpus > 1 else 0.0)
-
-
 def predict_decode(p: PublishedDecode, cfg: DeploymentConfig | None = None) -> dict[str, Any]:
     """The model's time per output token for a published decode measurement: the verifier alone (one forward per
     token) for `batch` requests at the measurement's context, with the deployment section's efficiencies and
     overheads (its defaults unless `cfg`)."""
     cfg = cfg or DeploymentConfig()
     v = VerifierCost(p.verifier)
-    s = decode_machine(p, cfg).seconds(*v.step(p.batch, 1, p.context), v.layers)
+    m = machine_from(p.gpus, p.mem_bw_tbs, p.bf16_tflops, cfg)
+    s = m.seconds(*v.step(p.batch, 1, p.context), v.layers)
     return {"model": p.model, "setup": p.setup.split(",")[0], "batch": p.batch, "context": p.context, "fitted": p.fitted, "published_tpot_ms": p.tpot_ms,
             "model_tpot_ms": 1e3 * s, "published_tokens_per_s": 1e3 / p.tpot_ms, "model_tokens_per_s": 1 / s,
             "model_over_published": p.tpot_ms / (1e3 * s)}

@@ -65,7 +65,8 @@ class DeploymentConfig(StageConfig):
     # graphs): paid by each drafter forward too, so it is what makes many cheap drafter steps add up
     tp_layer_overhead_us: float = Field(130.0, ge=0)  # fixed time per layer per forward when tensor parallelism spans
     # the machine's GPUs (two all-reduces a layer, small per-GPU kernels): fitted to InferenceX's Kimi-K2.5 on 8x H200
-    # at 4 requests (129 us), checked on 8 requests and on 8x B200 (docs/howto/choose-k.md); 0 on one GPU
+    # at 4 requests (129 us), checked on 15 published points it was not fitted to
+    # (eagle3lib/analysis/published_decode.py, docs/howto/choose-k.md); 0 on one GPU
 
     @field_validator("concurrencies", "ttt_steps")
     @classmethod

@@ -101,7 +101,8 @@ def figures(out: dict[str, Any], concurrencies: list[int]) -> dict[str, Any]:
             f[f"{key}_model_over_measured_min"] = round(ratios[0], 4)
     checks = sorted(r["model_over_published"] for r in out["published_decode"] if not r["fitted"])
     if checks:  # model tokens/s over measured, at the points the tensor-parallel term was not fitted to
-        f["decode_model_over_measured_min"], f["decode_model_over_measured_max"] = round(checks[0], 4), round(checks[-1], 4)
+        f["decode_model_over_measured_min"] = round(checks[0], 4)
+        f["decode_model_over_measured_max"] = round(checks[-1], 4)
     if out["cpu_comparison"]:
         ratios = sorted(r["model_fitted_overhead_speedup"] / r["measured_speedup"] for r in out["cpu_comparison"])
         f["cpu_fitted_model_over_measured_median"] = round(ratios[len(ratios) // 2], 4)
