@@ -366,6 +366,25 @@ def test_empty_response_is_recorded_not_kept(vllm_server, tmp_path):
     assert rec["status"] == "empty" and rec["messages"][-1] == {"role": "assistant", "content": "", "reasoning_content": ""}
 
 
+def test_stop_loops_ends_a_looping_answer_and_records_it_truncated(vllm_server, tmp_path):
+    # One allowed token: every answer is a loop of period 1 from its first token, on the real server.
+    tok = json.loads((Path(vllm_server.model) / "tokenizer.json").read_text())
+    one = {"allowed_token_ids": [tok["model"]["vocab"]["a"]]}
+    out = tmp_path / "generate"
+    f = generate(_cfg(max_samples=3, max_tokens=96, stop_loops=True, extra_body=one), _verifier(vllm_server),
+                 out)["figures"]
+    assert f["samples_truncated"] == 3 and f["samples_stopped_looping"] == 3 and f["samples_looping"] == 3
+    for rec in (r for _, _, r in iter_records(out)):
+        # vLLM stops once 4 copies of an 8-token pattern end the answer (eagle3lib/data/loops.repetition_detection)
+        assert rec["finish_reason"] == "repetition" and rec["completion_tokens"] == 32 and rec["status"] == "truncated"
+    with pytest.raises(GenerateError, match="stop_loops: True -> False"):  # not mixed with answers that ran on
+        generate(_cfg(max_samples=3, max_tokens=96, extra_body=one), _verifier(vllm_server), out)
+    f = generate(_cfg(max_samples=3, max_tokens=96, extra_body=one), _verifier(vllm_server), tmp_path / "on")["figures"]
+    assert f["samples_truncated"] == 3 and f["samples_stopped_looping"] == 0 and f["output_tokens"] == 3 * 96
+    with pytest.raises(ValueError, match="stop_loops sets repetition_detection"):
+        _cfg(extra_body={"repetition_detection": {"max_pattern_size": 8, "min_count": 2}})
+
+
 def test_unreachable_server_fails_fast_with_url(tmp_path):
     url = f"http://127.0.0.1:{free_port()}"
     t0 = time.time()

@@ -20,7 +20,7 @@ def reasoning_share(rec: dict[str, Any]) -> float:
 
 def dataset_figures(prompts: Prompts, latest: dict[str, tuple[dict[str, Any], str]]) -> dict[str, Any]:
     counts = dict.fromkeys(STATUSES, 0)
-    input_tokens = output_tokens = looping = 0
+    input_tokens = output_tokens = looping = stopped = 0
     reasoning_est = 0.0
     for conv in prompts.items:
         hit = latest.get(conv.id)
@@ -29,6 +29,7 @@ def dataset_figures(prompts: Prompts, latest: dict[str, tuple[dict[str, Any], st
         rec = hit[0]
         counts[rec.get("status") if rec.get("status") in counts else "failed"] += 1
         looping += bool(rec.get("answer_token_ids")) and loops(rec["answer_token_ids"])
+        stopped += rec.get("finish_reason") == "repetition"
         input_tokens += int(rec.get("prompt_tokens") or 0)
         output_tokens += int(rec.get("completion_tokens") or 0)
         counted = rec.get("reasoning_tokens")
@@ -41,6 +42,7 @@ def dataset_figures(prompts: Prompts, latest: dict[str, tuple[dict[str, Any], st
         "samples_truncated": counts["truncated"],
         "samples_empty": counts["empty"],
         "samples_looping": looping,  # answers repeating one n-gram to their end (eagle3lib/data/loops.py)
+        "samples_stopped_looping": stopped,  # of the truncated: ended by the server once they looped (stop_loops)
         "samples_missing": len(prompts.items) - done,  # 0 when the run completed
         **_turn_figures(prompts, latest),
         "skipped_no_user_turn": prompts.skipped_no_user_turn,

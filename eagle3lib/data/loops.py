@@ -42,6 +42,18 @@ def loop_tail(ids: Sequence[int], stop_ids: Iterable[int] = (), max_period: int 
     return best
 
 
+def repetition_detection() -> dict[str, int]:
+    """vLLM's `repetition_detection` request field (>= 0.17) set to stop an answer once it loops by the definition
+    above, one period later than it first qualifies. vLLM stops when the answer's last `min_count` x L tokens repeat
+    one L-token pattern, for some L in [min_pattern_size, max_pattern_size]. A loop of period p is also periodic in
+    every multiple of p, so L from 8 catches the short periods too, over >= 32 tokens (MIN_TOKENS is 24). The extra
+    period (4 where the definition asks 3) keeps a passage said three times (a chorus, a quotation) from being cut;
+    the answer then holds >= 4 periods, of which extract keeps 2 (`trim_loop`) as it does for a loop that ran to
+    max_tokens."""
+    return {"min_pattern_size": MIN_TOKENS // MIN_REPEATS, "max_pattern_size": MAX_PERIOD,
+            "min_count": MIN_REPEATS + 1}
+
+
 def loop_start(ids: Sequence[int], stop_ids: Iterable[int] = ()) -> int | None:
     tail = loop_tail(ids, stop_ids)
     return None if tail is None else tail[0]

@@ -8,7 +8,7 @@ servers share the concurrency, and one that goes down hands its prompts to the o
 
 Output: RUN_DIR/generate/shard-NNNNN.jsonl, one record per prompt and try (`eagle3lib.data.records`: format, readers).
 - ok: a response with reasoning or content that ended by itself; truncated: cut off by max_tokens (finish_reason
-  "length"); empty: ended with neither reasoning nor content; failed: no response (HTTP 4xx with the server's message,
+  "length") or, with generate.stop_loops, by the server once it looped (finish_reason "repetition"); empty: ended with neither reasoning nor content; failed: no response (HTTP 4xx with the server's message,
   or retries exhausted). Only "ok" is training data by default (`iter_generated`).
 - Resume: a re-run skips every prompt whose latest record is ok/truncated/empty and sends the rest, including those
   recorded failed (`retry_failed`, mostly transient: server down, timeouts). A retried prompt gets a new record and the
@@ -45,6 +45,7 @@ from eagle3lib.core.manifest import StageTimer, read_manifest, update_manifest
 from eagle3lib.core.progress import progress_bar
 from eagle3lib.data.datasets import Conversation, DatasetError
 from eagle3lib.data.generate_figures import dataset_figures
+from eagle3lib.data.loops import repetition_detection
 from eagle3lib.data.multi_turn import resume_turn
 from eagle3lib.data.prompt_set import Prompts, load_prompts
 from eagle3lib.data.records import FINAL_STATUSES, STATUSES, ReadStats, ShardWriter, latest_records, list_shards
@@ -177,6 +178,8 @@ def request_payload(model: str, conv: Conversation, cfg: GenerateConfig) -> dict
         payload["tool_choice"] = "none"
     if cfg.max_tokens is None:
         payload.pop("max_tokens")  # the server's default: the rest of the context
+    if cfg.stop_loops:
+        payload["repetition_detection"] = repetition_detection()
     payload.update(cfg.extra_body)
     return payload
 
@@ -367,8 +370,10 @@ def _run_figures(stats: RunStats, wall: float) -> dict[str, Any]:
 
 def _print_summary(f: dict[str, Any], stats: RunStats) -> None:
     print(f"generate: {f['samples_total']} prompts: {f['samples_ok']} ok, {f['samples_truncated']} truncated "
-          f"({f['samples_looping']} answers loop to their end), "
-          f"{f['samples_empty']} empty, {f['samples_failed']} failed ({f['samples_resumed']} done before this run); "
+          f"({f['samples_looping']} answers loop to their end"
+          + (f", {f['samples_stopped_looping']} ended by the server once they looped"
+             if f.get("samples_stopped_looping") else "")
+          + f"), {f['samples_empty']} empty, {f['samples_failed']} failed ({f['samples_resumed']} done before this run); "
           f"skipped {f['skipped_no_user_turn']} without a user turn, {f['skipped_empty_user_turn']} whose last user turn "
           f"is empty, {f['skipped_too_long']} too long for verifier.max_model_len, {f['bad_records']} bad records"
           + (f", {f['cut_records']} cut record at the end of the file" if f.get("cut_records") else "")

@@ -14,7 +14,7 @@ class GenerateError(RuntimeError):
 
 
 def classify(result: ChatResult) -> str:
-    if result.finish_reason == "length":
+    if result.finish_reason in ("length", "repetition"):  # cut by max_tokens, or by vLLM once it looped (stop_loops)
         return "truncated"
     if not (result.reasoning or "").strip() and not (result.content or "").strip() and not result.tool_calls:
         return "empty"

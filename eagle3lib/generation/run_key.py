@@ -19,7 +19,7 @@ KEY_FILE = "generate_key.json"
 # What decides which prompts, in which order, and how they are answered. Everything else may change between runs,
 # max_samples included: the order does not depend on it, so raising it extends a run with more prompts.
 KEY_FIELDS = ("dataset", "shuffle", "seed", "max_tokens", "temperature", "top_p", "request_seed",
-              "chat_template_kwargs", "extra_body", "turns")
+              "chat_template_kwargs", "extra_body", "turns", "stop_loops")
 
 
 
@@ -37,7 +37,8 @@ def check_run_key(gen_dir: Path, key: dict[str, Any]) -> None:
     """Refuse to add records made with other settings to a folder that already has some."""
     path = gen_dir / KEY_FILE
     if list_shards(gen_dir):
-        old = {"turns": "last", **_saved_key(gen_dir)}  # folders from before generate.turns answered the last turn
+        # folders from before generate.turns answered the last turn, and from before generate.stop_loops
+        old = {"turns": "last", "stop_loops": False, **_saved_key(gen_dir)}
         diffs = [f"{k}: {old[k]!r} -> {key[k]!r}" for k in sorted(set(old) & set(key)) if old[k] != key[k]]
         if diffs:
             raise GenerateError(f"{gen_dir} holds records generated with other settings ({'; '.join(diffs)}); "
