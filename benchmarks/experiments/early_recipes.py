@@ -21,16 +21,24 @@ from pathlib import Path
 # EAGLE 3.1's norms as speculators 0.9 trains EAGLE-3 by default (norm_before_fc, norm_output, norm_before_residual)
 N31 = {"train.norm_before_fc": True, "train.norm_output": True, "train.norm_before_residual": True}
 ROWS = 160  # training rows each recipe sees (80 steps of 2 rows: ~9 minutes on 2 cores for SmolLM2's drafter)
-RECIPES: dict[str, dict[str, object]] = {
-    "b2": {"train.max_steps": ROWS // 2},  # the profile's recipe
-    "b1": {"train.batch_rows": 1, "train.max_steps": ROWS},
+# every recipe sets each knob it compares, whatever the profile says: the first recipes were measured against the
+# profile as it was then (EAGLE-3's norms off, 2 rows a step, the verifier's logits over its whole vocabulary)
+BASE = {"train.norm_before_fc": False, "train.norm_output": False, "train.norm_before_residual": False,
+        "train.batch_rows": 2, "train.target_logits": "full", "train.loss": "kl", "train.optimizer": "adamw",
+        "train.freeze_lm_head": False}
+B1 = {"train.batch_rows": 1, "train.max_steps": ROWS}
+RECIPES: dict[str, dict[str, object]] = {name: {**BASE, **over} for name, over in {
+    "b2": {"train.max_steps": ROWS // 2},  # the profile's recipe until the 2-hour profile
+    "b1": B1,
     "n31-b2": {**N31, "train.max_steps": ROWS // 2},
-    "n31-b1": {**N31, "train.batch_rows": 1, "train.max_steps": ROWS},
+    "n31-b1": {**N31, **B1},
     "frozen-head-b2": {"train.freeze_lm_head": True, "train.max_steps": ROWS // 2},
     # the loss on the verifier's argmax alone: the one greedy gain over forward KL that two seeds support on the tiny
     # verifier (docs/howto/recipes.md); SmolLM2 samples at 0.2, close to greedy
-    "n31-b1-ce": {**N31, "train.batch_rows": 1, "train.max_steps": ROWS, "train.loss": "ce_argmax"},
-}
+    "n31-b1-ce": {**N31, **B1, "train.loss": "ce_argmax"},
+    # Muon on the drafter's matrices (speculators' optimizer; eagle3lib/training/optimizer.py)
+    "n31-b1-muon": {**N31, **B1, "train.optimizer": "muon"},
+}.items()}
 KEEP = ("steps", "train_s", "tokens_per_s", "val_tau_est", "val_full_acc_0", "val_full_acc_1", "val_full_acc_2")
 
 

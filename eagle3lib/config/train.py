@@ -85,6 +85,8 @@ class TrainConfig(TorchrunConfig):
     patience: int | None = Field(None, ge=1)  # stop after this many validations in a row without a new best tau
     # estimate (over-training lowers acceptance; train/best/ keeps the peak); None = train to the end
     lr: float = Field(1e-4, gt=0)  # peak AdamW learning rate (EAGLE-3 reference 5e-5..1e-4 at batch ~16k tokens)
+    optimizer: Literal["adamw", "muon"] = "adamw"  # muon: Muon on the drafter's weight matrices but the lm_head,
+    # AdamW on the rest, both at lr (speculators' choice; eagle3lib/training/optimizer.py); one process or DDP
     min_lr_ratio: float = Field(0.1, ge=0, le=1)  # cosine decay floor, as a fraction of lr
     warmup_steps: int = Field(50, ge=0)  # linear warmup
     weight_decay: float = Field(0.0, ge=0)  # AdamW weight decay (EAGLE-3 reference: none)
@@ -175,6 +177,9 @@ class TrainConfig(TorchrunConfig):
             # vLLM 0.32's speculators reader for peagle passes neither flag on, and peagle drafters are llama layers
             raise ValueError("train.parallel_drafting: vLLM serves P-EAGLE drafters as llama layers without fc_norm / "
                              "norm_output; set train.drafter_layer: llama and leave both flags false")
+        if self.optimizer == "muon" and self.distributed == "fsdp" and self.nproc_per_node * self.nnodes > 1:
+            raise ValueError("train.optimizer: muon orthogonalises whole matrices, which FSDP shards across processes; "
+                             "set train.distributed: ddp")
         if self.best_by != "estimate" and not self.served_eval_every:
             raise ValueError(f"train.best_by: {self.best_by} needs served probes: set train.served_eval_every (steps "
                              "between probes)")

@@ -75,7 +75,7 @@ def load_training_state(ckpt_dir: str | Path) -> dict[str, Any]:
 
 
 def check_compatible(ckpt_dir: str | Path, cfg: DrafterConfig, draft_ids: torch.Tensor, saved: dict[str, Any],
-                     freeze_lm_head: bool = False) -> None:
+                     freeze_lm_head: bool = False, optimizer: str = "adamw") -> None:
     """Raise naming every difference between a checkpoint and the run that wants to resume from it."""
     old = DrafterConfig.from_dict(saved["drafter_config"]).structure()
     new = cfg.structure()
@@ -85,6 +85,8 @@ def check_compatible(ckpt_dir: str | Path, cfg: DrafterConfig, draft_ids: torch.
         diffs.append("draft vocabulary differs")
     if bool(saved.get("freeze_lm_head", False)) != freeze_lm_head:  # the optimizer state holds other parameters
         diffs.append(f"train.freeze_lm_head: checkpoint {bool(saved.get('freeze_lm_head', False))}, now {freeze_lm_head}")
+    if saved.get("optimizer_name", "adamw") != optimizer:  # its state holds another optimizer's moments
+        diffs.append(f"train.optimizer: checkpoint {saved.get('optimizer_name', 'adamw')!r}, now {optimizer!r}")
     if diffs:
         raise CheckpointError(f"{ckpt_dir}: cannot resume, the checkpoint was trained with another configuration "
                               f"({'; '.join(diffs)}). Use a new run directory, or set train.resume=false to start over.")
@@ -104,7 +106,7 @@ def save_step(t: Trainer, step: int) -> Path:
             "rng_cpu": torch.get_rng_state(),
             "rng_cuda": torch.cuda.get_rng_state(t.device) if t.device.type == "cuda" else None,
             "drafter_config": t.dcfg.to_dict(), "draft_ids": t.vocab.draft_ids,
-            "freeze_lm_head": t.cfg.freeze_lm_head,
+            "freeze_lm_head": t.cfg.freeze_lm_head, "optimizer_name": t.cfg.optimizer,
             "data": {"epoch": t.plan.locate(step - 1)[0] if step else 0, "seed": t.cfg.seed},
             "window": t.window.state(), "best": t.best.state(),
         }

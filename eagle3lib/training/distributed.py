@@ -77,10 +77,10 @@ def model_state(module) -> dict[str, torch.Tensor]:
 def optimizer_state(module, opt) -> dict[str, Any]:
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
-    return get_optimizer_state_dict(module, opt, options=_full_cpu())
+    return get_optimizer_state_dict(module, opt.parts, options=_full_cpu())
 
 
 def load_optimizer_state(module, opt, state) -> None:
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
-    set_optimizer_state_dict(module, opt, state, options=StateDictOptions(full_state_dict=True))
+    set_optimizer_state_dict(module, opt.parts, state, options=StateDictOptions(full_state_dict=True))

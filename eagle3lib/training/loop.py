@@ -56,6 +56,7 @@ from eagle3lib.training.finish import finish
 from eagle3lib.training.inputs import load_inputs
 from eagle3lib.training.memory_model import check_train_memory
 from eagle3lib.training.metrics import MetricsWriter, console_line, ordered_record, peak_mem_mb, read_metrics
+from eagle3lib.training.optimizer import make_optimizer
 from eagle3lib.training.progress import Progress, Window, lr_at
 from eagle3lib.training.served_probe import ServedProbe
 from eagle3lib.training.setup import (
@@ -144,7 +145,7 @@ class Trainer:
             for d in damaged:
                 log(f"skipped a damaged checkpoint: {d}")
             self.resume_state = rs
-            check_compatible(self.resumed_from, self.dcfg, self.vocab.draft_ids, rs, cfg.freeze_lm_head)
+            check_compatible(self.resumed_from, self.dcfg, self.vocab.draft_ids, rs, cfg.freeze_lm_head, cfg.optimizer)
             missing, unexpected = drafter.load_state_dict(weights, strict=False)
             if unexpected or [m for m in missing if m not in ("d2t", "t2d")]:  # set from the draft vocab above
                 raise CheckpointError(f"{self.resumed_from}: weights do not match the drafter ({missing}, {unexpected})")
@@ -163,9 +164,8 @@ class Trainer:
         bf16 = cfg.precision == "bfloat16" or (cfg.precision == "auto" and device.type == "cuda")
         self.amp = (lambda: torch.autocast(device_type=device.type, dtype=torch.bfloat16)) if bf16 else nullcontext
         self.module = dist.wrap(self.ttt, self.ttt.drafter.layers, cfg.distributed, device)
-        params = [p for p in self.module.parameters() if p.requires_grad]
-        self.opt = torch.optim.AdamW(params, lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay,
-                                     foreach=device.type == "cuda")
+        self.opt = make_optimizer(self.module, cfg.optimizer, cfg.lr, tuple(cfg.betas), cfg.weight_decay,
+                                  foreach=device.type == "cuda")
         if self.resume_state is not None:
             dist.load_optimizer_state(self.module, self.opt, self.resume_state["optimizer"])
             torch.set_rng_state(self.resume_state["rng_cpu"])
