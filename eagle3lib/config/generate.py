@@ -24,11 +24,10 @@ class GenerateConfig(StageConfig):
     top_p: float = Field(1.0, gt=0.0, le=1.0)  # nucleus sampling, from the model card with temperature
     request_seed: bool = False  # per-request seed derived from `seed` and the prompt id: reproducible sampled runs (vLLM samples seeded requests more slowly)
     chat_template_kwargs: dict[str, Any] = {}  # passed to the chat template, e.g. {"enable_thinking": true}
-    # the server ends an answer once it loops (vLLM >= 0.17's repetition_detection, eagle3lib/data/loops.py), recorded
-    # "truncated" (no end of turn): a loop's copies past its second period are trimmed in extract anyway, and small
-    # models spend ~40% of their generated tokens on them (SmolLM2, docs/howto/real-model.md). A loop that would have
-    # broken off later loses what followed; extract trims what remains as it trims a loop that ran to max_tokens
-    stop_loops: bool = False
+    stop_loops: bool = False  # the server ends an answer once it loops (vLLM >= 0.17's repetition_detection,
+    # eagle3lib/data/loops.py), recorded "truncated" (no end of turn): a loop's copies past its second period are
+    # trimmed in extract anyway, and small models spend ~40% of their generated tokens on them (SmolLM2,
+    # docs/howto/real-model.md). A loop that would have broken off later loses what followed
     extra_body: dict[str, Any] = {}  # other vLLM sampling fields sent verbatim (top_k, min_p, repetition_penalty, stop_token_ids)
     # --- client
     concurrency: int = Field(16, ge=1)  # requests in flight; tens on CPU, hundreds on a GPU server (the batch vLLM can form)
