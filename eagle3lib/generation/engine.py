@@ -9,7 +9,8 @@ servers share the concurrency, and one that goes down hands its prompts to the o
 Output: RUN_DIR/generate/shard-NNNNN.jsonl, one record per prompt and try (`eagle3lib.data.records`: format, readers).
 - ok: a response with reasoning or content that ended by itself; truncated: cut off by max_tokens (finish_reason
   "length") or, with generate.stop_loops, by the server once it looped (finish_reason "repetition"); empty: ended
-  with neither reasoning nor content; failed: no response (HTTP 4xx with the server's message, or retries exhausted). Only "ok" is training data by default (`iter_generated`).
+  with neither reasoning nor content; failed: no response (HTTP 4xx with the server's message, or retries exhausted).
+  Only "ok" is training data by default (`iter_generated`).
 - Resume: a re-run skips every prompt whose latest record is ok/truncated/empty and sends the rest, including those
   recorded failed (`retry_failed`, mostly transient: server down, timeouts). A retried prompt gets a new record and the
   latest record per id wins, so readers see every prompt exactly once. A torn last line (kill -9 mid-write) is ignored
