@@ -25,7 +25,7 @@ ROWS = 160  # training rows each recipe sees (80 steps of 2 rows: ~9 minutes on 
 # profile as it was then (EAGLE-3's norms off, 2 rows a step, the verifier's logits over its whole vocabulary)
 BASE = {"train.norm_before_fc": False, "train.norm_output": False, "train.norm_before_residual": False,
         "train.batch_rows": 2, "train.target_logits": "full", "train.loss": "kl", "train.optimizer": "adamw",
-        "train.freeze_lm_head": False}
+        "train.freeze_lm_head": False, "train.lr": 1e-3, "train.packed_row_tokens": 2048}
 B1 = {"train.batch_rows": 1, "train.max_steps": ROWS}
 RECIPES: dict[str, dict[str, object]] = {name: {**BASE, **over} for name, over in {
     "b2": {"train.max_steps": ROWS // 2},  # the profile's recipe until the 2-hour profile
@@ -38,6 +38,15 @@ RECIPES: dict[str, dict[str, object]] = {name: {**BASE, **over} for name, over i
     "n31-b1-ce": {**N31, **B1, "train.loss": "ce_argmax"},
     # Muon on the drafter's matrices (speculators' optimizer; eagle3lib/training/optimizer.py)
     "n31-b1-muon": {**N31, **B1, "train.optimizer": "muon"},
+    # what a short run might gain on top of Muon: a higher peak lr, the lm_head frozen (1.14x the tokens/s,
+    # benchmarks/train_options.py), and rows of half the length (twice the steps for the same tokens; 4.2% of this
+    # store's tokens lie past 1,024 in their sample and are cut)
+    "n31-b1-muon-lr3e-3": {**N31, **B1, "train.optimizer": "muon", "train.lr": 3e-3},
+    "n31-b1-muon-lr6e-3": {**N31, **B1, "train.optimizer": "muon", "train.lr": 6e-3},
+    "n31-b1-lr3e-3": {**N31, **B1, "train.lr": 3e-3},
+    "n31-b1-muon-fh": {**N31, **B1, "train.optimizer": "muon", "train.freeze_lm_head": True},
+    "n31-b1-muon-r1024": {**N31, **B1, "train.optimizer": "muon", "train.packed_row_tokens": 1024,
+                          "train.max_steps": 2 * ROWS},
 }.items()}
 KEEP = ("steps", "train_s", "tokens_per_s", "val_tau_est", "val_full_acc_0", "val_full_acc_1", "val_full_acc_2")
 

@@ -6,6 +6,7 @@ alone so that tau has an interval over prompts. Two training seeds per library.
     make peer-setup      # .venv-speculators: torch 2.13.0 + speculators 0.9.0 in a virtual environment of its own
     .venv/bin/python benchmarks/experiments/peer_speculators.py --profile params/smollm2.yaml --run-dir runs/smollm2 \\
         [--steps 400] [--seeds 0 1] [--n-prompts 64]          # into RUN_DIR/peer/
+    ... --peer-lr 3e-3    # speculators at another peak lr than its default 1e-3 (its own folders and results file)
 
 Protocol, per seed s:
   1. eagle3lib trains as the train stage (the profile's settings, train.seed s, train.max_steps --steps) in
@@ -125,7 +126,7 @@ def train_ours(ctx, out: Path, seed: int, steps: int | None) -> dict[str, Any]:
 
 
 def train_peer(ctx, data: Path, out: Path, seed: int, budget_s: float, total_steps: int | None,
-               info: dict[str, Any]) -> dict[str, Any]:
+               info: dict[str, Any], lr: float | None = None) -> dict[str, Any]:
     import numpy as np
 
     from eagle3lib.model.verifier import aux_layer_ids, load_config, resolve_model
@@ -149,6 +150,8 @@ def train_peer(ctx, data: Path, out: Path, seed: int, budget_s: float, total_ste
              "--num-workers", "0", "--on-missing", "raise"]
     if total_steps:
         flags += ["--max-steps", str(total_steps), "--scheduler-total-steps", str(total_steps)]
+    if lr is not None:
+        flags += ["--lr", repr(lr)]  # Muon's lr follows it (its --muon-lr defaults to --lr)
     out.mkdir(parents=True, exist_ok=True)
     peer(["train", "--time-budget", f"{budget_s:.1f}", "--threads", str(os.cpu_count() or 2), "--", *flags],
          out / "train.log")
@@ -275,6 +278,8 @@ def main() -> int:
                     help="profile overrides (train.* changes eagle3lib's recipe only)")
     ap.add_argument("--tag", default="", help="name eagle3lib's folders and the results file with this (another recipe "
                     "beside the profile's own)")
+    ap.add_argument("--peer-lr", type=float, default=None, help="speculators' peak lr (default: its own, 1e-3); "
+                    "its folders and the results file are named by it")
     a = ap.parse_args()
     if not PEER_PY.exists():
         raise SystemExit(f"{PEER_PY} is missing: run `make peer-setup` first")
@@ -289,6 +294,7 @@ def main() -> int:
 
     over = parse_set(a.set)
     tag = f"-{a.tag}" if a.tag else ""
+    ptag = f"-lr{a.peer_lr:g}" if a.peer_lr is not None else ""
     if a.n_prompts:
         over["evaluate.n_prompts"] = a.n_prompts
     out = open_stage("train", a.profile, a.run_dir, over, say=lambda _m: None).run_dir / "peer"
@@ -325,7 +331,8 @@ def main() -> int:
         total = max(1, int(rate * ours["train_seconds"]))
         say(f"speculators seed {seed}: {ours['train_seconds']:.0f} s, schedule over {total} steps "
             f"({rate:.2f} steps/s in calibration)")
-        theirs = train_peer(ctx, data, out / f"speculators-s{seed}", seed, ours["train_seconds"], total, info)
+        theirs = train_peer(ctx, data, out / f"speculators{ptag}-s{seed}", seed, ours["train_seconds"], total, info,
+                            a.peer_lr)
         trained["speculators"][seed] = theirs
         say(f"speculators seed {seed}: {theirs['steps']} steps in {theirs['train_seconds']:.0f} s, "
             f"{theirs['tokens_per_s']:.0f} tokens/s")
@@ -335,13 +342,13 @@ def main() -> int:
             key = {"ckpt": fingerprint(Path(ckpt)), "prompts": [[p.id, p.token_ids] for p in prompts], "ttt_steps": tcfg.ttt_steps,
                    "max_tokens": ecfg.max_tokens, "temperature": ecfg.temperature, "verifier": vcfg.model}
             say(f"vLLM serving {lib} seed {seed}: {len(prompts)} prompts, greedy and sampled")
-            name = f"served-{lib}{tag if lib == 'eagle3lib' else ''}-s{seed}"
+            name = f"served-{lib}{tag if lib == 'eagle3lib' else ptag}-s{seed}"
             served[lib][seed] = serve(ctx, ckpt, prompts, out / name, key)
     s = summarize(served, trained, stop_ids)
-    s["protocol"] = {"profile": a.profile, "overrides": a.set, "tag": a.tag, "run_dir": str(Path(a.run_dir)), "seeds": a.seeds, "prompts": len(prompts),
+    s["protocol"] = {"profile": a.profile, "overrides": a.set, "tag": a.tag, "peer_lr": a.peer_lr, "run_dir": str(Path(a.run_dir)), "seeds": a.seeds, "prompts": len(prompts),
                      "max_tokens": ecfg.max_tokens, "temperature": ecfg.temperature, "ttt_steps": tcfg.ttt_steps,
                      "trained": trained}
-    (out / f"results{tag}.json").write_text(json.dumps(s, indent=1) + "\n")
+    (out / f"results{tag}{ptag}.json").write_text(json.dumps(s, indent=1) + "\n")
     print_table(s)
     return 0
 

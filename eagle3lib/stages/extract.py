@@ -54,6 +54,10 @@ def main(argv: list[str] | None = None) -> int:
         try:
             extract(ctx.cfg, ctx.verifier, ctx.dir, ctx.stage_dir("generate"), ctx.manifest_params(),
                     hidden_states=ctx.profile.section("train").hidden_states)
+            # the other ranks wait here while rank 0 merges the index and writes the manifest, so that every rank
+            # tears the gloo group down together: a rank leaving early aborted once at exit ("terminate called
+            # without an active exception") after its work was done (mosaicml/streaming#186 does the same)
+            ranks.barrier()
         except ExtractError as e:
             say(f"error: {e}")
             if ranks.rank() == 0:
