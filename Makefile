@@ -35,7 +35,7 @@ $(STAMP): pyproject.toml Makefile
 demo: setup
 	$(PY) -m eagle3lib run --profile $(PROFILE) --run-dir $(RUN_DIR)
 
-# A real model on real data: SmolLM2-135M-Instruct answering ShareGPT, every stage (params/smollm2.yaml; ~2 h 15 min
+# A real model on real data: SmolLM2-135M-Instruct answering ShareGPT, every stage (params/smollm2.yaml; ~1 h 45 min
 # on 2 cores alone: docs/howto/real-model.md)
 real: setup
 	$(PY) -m eagle3lib run --profile params/smollm2.yaml --run-dir runs/smollm2
