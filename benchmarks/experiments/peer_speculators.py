@@ -33,6 +33,7 @@ serving) is kept and reused when the command is run again.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import shutil
@@ -96,6 +97,13 @@ def seed_data(reader, split, states: Path, vocab_file: Path, out: Path) -> dict[
     from eagle3lib.model.draft_vocab import DraftVocab
 
     order = list(split.train) + list(split.val)
+    vocab = DraftVocab.load(vocab_file)
+    d2t = vocab.d2t.numpy().astype(np.int64)
+    if (out / "dataset_info.json").exists() and not np.array_equal(np.load(out / "d2t.npy"), d2t):
+        # a folder prepared for another draft vocabulary (draft_vocab_size or the store changed): its d2t would
+        # silently train speculators on other rows than ours
+        say(f"{out.name}: prepared for another draft vocabulary: prepared again")
+        shutil.rmtree(out)
     if not (out / "dataset_info.json").exists():
         (out / "hidden_states").mkdir(parents=True, exist_ok=True)
         rows = []
@@ -106,11 +114,11 @@ def seed_data(reader, split, states: Path, vocab_file: Path, out: Path) -> dict[
             s = reader[i]
             rows.append(json.dumps({"input_ids": s.input_ids.tolist(), "loss_mask": s.loss_mask.int().tolist()}))
         (out / "rows.jsonl").write_text("\n".join(rows) + "\n")
-        vocab = DraftVocab.load(vocab_file)
-        np.save(out / "d2t.npy", vocab.d2t.numpy().astype(np.int64))
+        np.save(out / "d2t.npy", d2t)
         np.save(out / "t2d.npy", vocab.t2d.numpy().astype(bool))
         peer(["prepare", str(out)], out / "prepare.log")
-    return {"train_samples": len(split.train), "samples": len(order)}
+    return {"train_samples": len(split.train), "samples": len(order),
+            "vocab": hashlib.sha256(d2t.tobytes()).hexdigest()[:16]}
 
 
 # ------------------------------------------------------------------------------------------------ training
@@ -133,9 +141,11 @@ def train_peer(ctx, data: Path, out: Path, seed: int, budget_s: float, total_ste
 
     if (summary := load_json(out / "summary.json")) is not None:
         kept = summary.get("budget_s", summary["train_seconds"])  # older summaries: it stopped at its budget
-        if abs(kept - budget_s) <= BUDGET_TOLERANCE * budget_s:
+        same_vocab = summary.get("vocab") == info["vocab"]
+        if same_vocab and abs(kept - budget_s) <= BUDGET_TOLERANCE * budget_s:
             return {**summary, "reused": True}
-        say(f"{out.name}: trained for {kept:.0f} s, this comparison needs {budget_s:.0f} s: trained again")
+        why = "another draft vocabulary" if not same_vocab else f"{kept:.0f} s, this comparison needs {budget_s:.0f} s"
+        say(f"{out.name}: trained for {why}: trained again")
         shutil.rmtree(out)
     tcfg, vcfg = ctx.profile.section("train"), ctx.verifier
     model_path = resolve_model(vcfg.model)
@@ -155,7 +165,7 @@ def train_peer(ctx, data: Path, out: Path, seed: int, budget_s: float, total_ste
     out.mkdir(parents=True, exist_ok=True)
     peer(["train", "--time-budget", f"{budget_s:.1f}", "--threads", str(os.cpu_count() or 2), "--", *flags],
          out / "train.log")
-    summary = {**json.loads((out / "summary.json").read_text()), "budget_s": round(budget_s, 1)}
+    summary = {**json.loads((out / "summary.json").read_text()), "budget_s": round(budget_s, 1), "vocab": info["vocab"]}
     (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     return {**summary, "reused": False}
 
