@@ -276,3 +276,10 @@ def test_truncated_answers_are_kept_as_generated_and_counted(tmp_path, tok, tiny
     fig = extract(_cfg(truncated_answers="drop"), v, tmp_path / "extract-drop", gen)["figures"]
     assert fig["records_kept"] == {"ok": 2} and fig["samples"] == 2
     assert fig["records_dropped"] == {"truncated (extract.truncated_answers: drop)": 3, "empty answer": 1}
+    # a folder answered for more prompts than its latest generate run selected (max_samples lowered since): only the
+    # selected ones are this run's data, the others counted
+    (gen / "prompt_ids.json").write_text(json.dumps([f"g{i}" for i in range(5)]))
+    fig = extract(_cfg(), v, tmp_path / "extract-selected", gen)["figures"]
+    assert fig["records_kept"] == {"truncated": 2, "ok": 1} and fig["samples"] == 3
+    assert fig["records_dropped"]["not among the generate run's prompts (generate.max_samples lowered after it was "
+                                  "answered)"] == 1

@@ -26,6 +26,7 @@ from eagle3lib.config.generate import GenerateConfig
 from eagle3lib.config.verifier import VerifierConfig
 from eagle3lib.core.manifest import read_manifest
 from eagle3lib.data.datasets import DatasetError, load_conversations
+from eagle3lib.data.extract_source import load_source
 from eagle3lib.data.prompt_set import load_prompts
 from eagle3lib.data.records import ShardsLocked, ShardWriter, iter_generated, iter_records, list_shards
 from eagle3lib.generation.engine import generate
@@ -219,6 +220,13 @@ def test_resume_after_sigkill_no_duplicates_no_loss(vllm_server, tmp_path):
     more = GenerateConfig(**{**section, "max_samples": N_RESUME + 10, "progress": False})
     f = generate(more, VerifierConfig(model=str(vllm_server.model), server_url=vllm_server.base_url), out)["figures"]
     assert f["samples_resumed"] == N_RESUME and f["samples_generated"] == 10 and len(set(_raw_ids(out))) == N_RESUME + 10
+    # A smaller one answers nothing and names its prompts: extract takes those, not every record in the folder.
+    fewer = GenerateConfig(**{**section, "max_samples": N_RESUME - 5, "progress": False})
+    f = generate(fewer, VerifierConfig(model=str(vllm_server.model), server_url=vllm_server.base_url), out)["figures"]
+    assert f["samples_total"] == N_RESUME - 5 and f["samples_generated"] == 0
+    convs, _, counts = load_source("generate", out)
+    assert {c.id for c in convs} <= set(wanted[: N_RESUME - 5])
+    assert counts["dropped"]["not among the generate run's prompts (generate.max_samples lowered after it was answered)"] == 15
 
 
 def test_agentic_data_reaches_the_template_and_extraction_renders_the_same_tokens(plain_server, tmp_path):

@@ -45,6 +45,8 @@ RECIPES: dict[str, dict[str, object]] = {name: {**BASE, **over} for name, over i
     "n31-b1-muon-lr6e-3": {**N31, **B1, "train.optimizer": "muon", "train.lr": 6e-3},
     "n31-b1-lr3e-3": {**N31, **B1, "train.lr": 3e-3},
     "n31-b1-muon-fh": {**N31, **B1, "train.optimizer": "muon", "train.freeze_lm_head": True},
+    # the profile's recipe since 56156dc with the lm_head frozen as speculators freezes it
+    "n31-b1-muon-lr3e-3-fh": {**N31, **B1, "train.optimizer": "muon", "train.lr": 3e-3, "train.freeze_lm_head": True},
     "n31-b1-muon-r1024": {**N31, **B1, "train.optimizer": "muon", "train.packed_row_tokens": 1024,
                           "train.max_steps": 2 * ROWS},
 }.items()}

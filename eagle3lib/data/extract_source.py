@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from eagle3lib.data.datasets import Conversation, DatasetError, LoadStats, load_conversations
-from eagle3lib.data.records import ReadStats, iter_generated
+from eagle3lib.data.records import ReadStats, iter_generated, selected_prompt_ids
 
 
 class SourceError(ValueError):
@@ -29,9 +29,12 @@ def load_source(source: str, gen_dir: Path | None, max_samples: int | None = Non
             raise SourceError(f"extract.source=generate: no generate output in {gen_dir} (run the generate stage first, "
                                "or set extract.source to a dataset for prefill-only extraction)")
         convs = []
+        selected = selected_prompt_ids(gen_dir)
         for c in iter_generated(gen_dir, statuses=None, stats=read):
             status = c.extra.get("status")
             reason = drop_reason(status, bool(c.extra.get("answer_token_ids")), truncated_answers, answer_tokens)
+            if selected is not None and c.id not in selected:
+                reason = "not among the generate run's prompts (generate.max_samples lowered after it was answered)"
             side, key = ("dropped", reason) if reason else ("kept", status)
             counts[side][key] = counts[side].get(key, 0) + 1
             if not reason:

@@ -38,6 +38,9 @@ STATUSES = ("ok", "truncated", "empty", "failed", "partial")
 FINAL_STATUSES = ("ok", "truncated", "empty")  # outcomes of the model itself: asking again gives the same kind of answer
 SHARD_RE = re.compile(r"^shard-(\d{5,})\.jsonl$")
 LOCK_FILE = ".writer.lock"
+# the ids of the prompts the latest generate run selected (generate.max_samples of them): a folder can hold records of
+# more prompts, answered before max_samples was lowered, and those are not this run's data
+PROMPT_IDS_FILE = "prompt_ids.json"
 
 
 class ShardsLocked(RuntimeError):
@@ -214,6 +217,12 @@ def latest_records(gen_dir: str | Path, stats: ReadStats | None = None) -> dict[
         if isinstance(rec.get("id"), str):
             out[rec["id"]] = (rec, f"{path.name}:{line}")
     return out
+
+
+def selected_prompt_ids(gen_dir: str | Path) -> set[str] | None:
+    """The ids of the prompts the latest generate run selected; None for folders written before generate kept them."""
+    path = Path(gen_dir) / PROMPT_IDS_FILE
+    return set(json.loads(path.read_text())) if path.is_file() else None
 
 
 def iter_generated(gen_dir: str | Path, statuses: Iterable[str] | None = ("ok",),

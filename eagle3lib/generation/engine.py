@@ -42,6 +42,7 @@ from tqdm import tqdm
 from eagle3lib.config.generate import GenerateConfig
 from eagle3lib.config.verifier import VerifierConfig
 from eagle3lib.core.async_run import run_coroutine
+from eagle3lib.core.atomic import write_json_atomic
 from eagle3lib.core.manifest import StageTimer, read_manifest, update_manifest
 from eagle3lib.core.progress import progress_bar
 from eagle3lib.data.datasets import Conversation, DatasetError
@@ -49,7 +50,15 @@ from eagle3lib.data.generate_figures import dataset_figures
 from eagle3lib.data.loops import repetition_detection
 from eagle3lib.data.multi_turn import resume_turn
 from eagle3lib.data.prompt_set import Prompts, load_prompts
-from eagle3lib.data.records import FINAL_STATUSES, STATUSES, ReadStats, ShardWriter, latest_records, list_shards
+from eagle3lib.data.records import (
+    FINAL_STATUSES,
+    PROMPT_IDS_FILE,
+    STATUSES,
+    ReadStats,
+    ShardWriter,
+    latest_records,
+    list_shards,
+)
 from eagle3lib.generation.records import GenerateError, make_record
 from eagle3lib.generation.run_key import KEY_FILE, check_run_key, run_key
 from eagle3lib.vllm.client import RetryPolicy, ServerDown, ServerUnreachable, chat_payload, chat_with_retries
@@ -225,6 +234,7 @@ def generate(cfg: GenerateConfig, verifier_cfg: VerifierConfig, out_dir: str | P
     # The writer locks the folder (a second run on the same folder would duplicate work) and cuts a torn tail.
     with ShardWriter(out_dir, cfg.shard_records, cfg.fsync_interval_s) as writer:
         check_run_key(out_dir, run_key(cfg, verifier_cfg))
+        write_json_atomic(out_dir / PROMPT_IDS_FILE, [c.id for c in prompts.items])
         previous = (read_manifest(out_dir) or {}).get("figures", {})
         timer = StageTimer(out_dir, manifest_params or {"generate": cfg.model_dump(mode="json")})
         t_start = time.monotonic()
