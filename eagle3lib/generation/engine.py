@@ -16,7 +16,8 @@ Output: RUN_DIR/generate/shard-NNNNN.jsonl, one record per prompt and try (`eagl
   latest record per id wins, so readers see every prompt exactly once. A torn last line (kill -9 mid-write) is ignored
   by readers and truncated by the next writer. Records made with other settings (dataset, sampling, model) are never
   mixed in: the folder's `generate_key.json` must match, or the stage refuses to resume. One writer at a time: a
-  second run on the same folder stops at once (`records.ShardsLocked`).
+  second run on the same folder stops at once (`records.ShardsLocked`). `prompt_ids.json` names the prompts of the
+  latest run: a run with a lower max_samples leaves the other records in place, and extract leaves them out.
 - A local server that dies mid-run is restarted (`generate.server_restarts` times) while the requests retry; a server
   that answers nothing is said on the console and, hung, stops the run (`eagle3lib.vllm.dispatch.StallWatch`).
 - A run whose every prompt failed (e.g. each request refused with HTTP 400) is not complete: the stage fails with the

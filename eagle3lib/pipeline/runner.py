@@ -193,8 +193,8 @@ def damaged_outputs(stage_dir: Path, m: dict[str, Any]) -> str | None:
 
 
 # Files every attempt writes before any result: a failed attempt with nothing else produced nothing worth keeping.
-BOOKKEEPING = {"manifest.json", "report.html", "generate_key.json", ".writer.lock", "store.json", "index.jsonl",
-               "draft_vocab.safetensors"}
+BOOKKEEPING = {"manifest.json", "report.html", "generate_key.json", "prompt_ids.json", ".writer.lock", "store.json",
+               "index.jsonl", "draft_vocab.safetensors"}
 SCRATCH_DIRS = {".vllm-cache", ".inductor-cache", "vllm-hidden-scratch"}
 
 
