@@ -8,6 +8,9 @@ from pathlib import Path
 from eagle3lib.data.datasets import Conversation, DatasetError, LoadStats, load_conversations
 from eagle3lib.data.records import ReadStats, iter_generated, selected_prompt_ids
 
+# a record of a prompt the latest generate run did not select (records.PROMPT_IDS_FILE)
+NOT_SELECTED = "not among the generate run's prompts (generate.max_samples lowered after it was answered)"
+
 
 class SourceError(ValueError):
     """extract.source names nothing usable: the message says what and where."""
@@ -32,9 +35,10 @@ def load_source(source: str, gen_dir: Path | None, max_samples: int | None = Non
         selected = selected_prompt_ids(gen_dir)
         for c in iter_generated(gen_dir, statuses=None, stats=read):
             status = c.extra.get("status")
-            reason = drop_reason(status, bool(c.extra.get("answer_token_ids")), truncated_answers, answer_tokens)
             if selected is not None and c.id not in selected:
-                reason = "not among the generate run's prompts (generate.max_samples lowered after it was answered)"
+                reason: str | None = NOT_SELECTED
+            else:
+                reason = drop_reason(status, bool(c.extra.get("answer_token_ids")), truncated_answers, answer_tokens)
             side, key = ("dropped", reason) if reason else ("kept", status)
             counts[side][key] = counts[side].get(key, 0) + 1
             if not reason:
