@@ -1,6 +1,7 @@
 """Command line: `python -m eagle3lib run --profile tiny --run-dir runs/demo`, and a few helpers.
 
-  run            execute stage notebooks in order into a run directory (see eagle3lib.pipeline.runner)
+  run            execute stage notebooks in order into a run directory (see eagle3lib.pipeline.runner); --dry-run
+                 says what each stage would do and why (eagle3lib.pipeline.plan)
   params         print a profile as validated, overrides applied
   stages         list the stages and their notebooks
   build-verifier build (or find in the cache) an embedded tiny verifier (tiny, tiny-long, tiny-kimi) and print its path
@@ -28,6 +29,8 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--stages", default=None, help="comma-separated subset, in pipeline order (default: every stage but data_scaling)")
     r.add_argument("--set", action="append", dest="overrides", metavar="SECTION.KEY=VALUE", help="override a parameter")
     r.add_argument("--force", action="store_true", help="delete the selected stages' outputs and run them from scratch")
+    r.add_argument("--dry-run", action="store_true", help="print what each selected stage would do (skip, run, resume, "
+                   "repair, run again) and why, and touch nothing")
     p = sub.add_parser("params", help="print a validated profile")
     p.add_argument("--profile", default="tiny")
     p.add_argument("--set", action="append", dest="overrides", metavar="SECTION.KEY=VALUE")
@@ -68,7 +71,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"run directory: {args.run_dir} (the default; choose one with --run-dir)", file=sys.stderr)
             try:
                 with started_here():  # the stage notebooks start in the repository, not here
-                    run_pipeline(args.profile, args.run_dir, stages, parse_set(args.overrides), args.force)
+                    run_pipeline(args.profile, args.run_dir, stages, parse_set(args.overrides), args.force,
+                                 args.dry_run)
             except StageFailed as e:
                 print(f"error: {e}", file=sys.stderr)
                 return 1

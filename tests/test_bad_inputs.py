@@ -414,12 +414,13 @@ def test_a_damaged_store_is_not_skipped_as_complete(tmp_path, damage):
     """extract said "complete, skipped" over a damaged store and train said "run the extract stage again", which did
     nothing. The runner now sees the damage (names and sizes) and runs extract again, whose resume sets the damaged
     shards aside and extracts only their samples (the test above)."""
+    from eagle3lib.config.stages import get_stage
     from eagle3lib.core.manifest import StageTimer
-    from eagle3lib.pipeline.runner import damaged_outputs
+    from eagle3lib.pipeline.plan import damaged_outputs
 
     root = _store(tmp_path / "extract")
     m = StageTimer(root, {}).finish({"samples": 6})
-    assert damaged_outputs(root, m) is None
+    assert damaged_outputs(root, m, get_stage("extract")) is None
     shard = root / "shards" / "shard-00001.safetensors"
     if damage == "store.json removed":
         (root / "store.json").unlink()
@@ -430,7 +431,7 @@ def test_a_damaged_store_is_not_skipped_as_complete(tmp_path, damage):
     else:
         shard.unlink()
         want = r"1 shard\(s\) missing or damaged \(shard-00001.safetensors\)"
-    assert re.search(rf"its store is damaged \(.*{want}", damaged_outputs(root, m))
+    assert re.search(rf"its store is damaged \(.*{want}", damaged_outputs(root, m, get_stage("extract")))
 
 
 def test_unindexed_garbage_shard_named(tmp_path):

@@ -158,3 +158,12 @@ def test_a_figure_in_the_docs_says_how_it_was_measured():
             if measured and not SOURCE.search(section):
                 missing.append(f"{page.relative_to(ROOT)}: {lines[0][:80]}")
     assert not missing, "sections with figures and no command or source:\n" + "\n".join(missing)
+
+
+def test_architectures_parameter_table_is_the_registrys():
+    """The table of what each stage reads is rendered from the stage registry; a row changed without the document
+    (or the document edited by hand) fails here."""
+    from eagle3lib.config.registry import contract_table
+
+    doc = (ROOT / "ARCHITECTURE.md").read_text()
+    assert contract_table() in doc, "ARCHITECTURE.md's contract table differs from config/registry.py:\n" + contract_table()

@@ -6,6 +6,9 @@ whose rows cannot fit is refused by the train stage before training, naming the 
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 from train_fixtures import fake_store
@@ -24,10 +27,12 @@ from eagle3lib.training.memory_model import (
     longest_that_fits,
     once_bytes,
     per_step_bytes,
-    profile_plan,
     run_bytes,
     target_logits_bytes,
 )
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+from memory_table import profile_plan  # noqa: E402  (the docs table's script)
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.py
 
@@ -159,7 +164,7 @@ def test_a_row_that_cannot_fit_is_refused_before_training(tmp_path):
 def test_the_kimi_profile_row_fits_a_96_gb_card():
     """params/kimi-k2.5.yaml's packed_row_tokens against the model (bf16, DDP with gradient_as_bucket_view, the target
     logits counted): it fits 90% of a 96 GB card (96 GiB; CUDA reports ~95.6 for the RTX PRO 6000), and is the
-    longest row that does (`.venv/bin/python -m eagle3lib.training.memory_model kimi-k2.5` prints the table)."""
+    longest row that does (`.venv/bin/python benchmarks/memory_table.py kimi-k2.5` prints the table)."""
     cfg, s, plan = profile_plan("kimi-k2.5")
     assert plan["dtype_bytes"] == 2 and plan["shards"] == 1
     for mem in (96 * GIB, 95.6 * GIB):

@@ -22,6 +22,7 @@ from eagle3lib.__main__ import main
 
 
 def _complete_stage(run: Path, name: str, files: dict[str, str]) -> None:
+    from eagle3lib.config.stages import get_stage
     from eagle3lib.core.manifest import StageTimer
 
     d = run / name
@@ -29,7 +30,8 @@ def _complete_stage(run: Path, name: str, files: dict[str, str]) -> None:
     for rel, text in files.items():
         (d / rel).parent.mkdir(parents=True, exist_ok=True)
         (d / rel).write_text(text)
-    StageTimer(d, {"profile": "tiny"}).finish({"samples": 1})
+    up = get_stage(name).input_stage
+    StageTimer(d, {"profile": "tiny"}, run / up if up else None).finish({"samples": 1})
 
 
 @pytest.mark.slow
@@ -62,34 +64,37 @@ def test_forced_rerun_that_fails_restores_the_finished_outputs(tmp_path):
 
 
 def test_stale_downstream_stage_is_redone_only_after_a_completed_upstream(tmp_path):
+    from eagle3lib.config.stages import get_stage
     from eagle3lib.core.manifest import StageTimer, update_manifest
-    from eagle3lib.pipeline.runner import stale_reason
+    from eagle3lib.pipeline.plan import input_stale
 
     run = tmp_path / "run"
     _complete_stage(run, "generate", {"shard-00000.jsonl": "{}\n"})
     _complete_stage(run, "extract", {"store.json": "{}"})
     StageTimer(run / "generate", {})  # a later attempt of generate...
     update_manifest(run / "generate", status="failed", finished_at="2099-01-01T00:00:00+00:00")  # ...that failed
-    assert stale_reason(run, "extract") is None
+    assert input_stale(run, get_stage("extract")) is None
     StageTimer(run / "generate", {}).finish({})  # one that completed
-    assert "generate was re-run after it" in stale_reason(run, "extract")
+    assert "generate was re-run after it" in input_stale(run, get_stage("extract"))
 
 
 def test_a_repaired_store_does_not_make_training_stale(tmp_path):
     """A complete extract whose store was damaged is run again to redo what is missing (same inputs, same data): its
     output id stays the original, so a finished training is not counted stale and trained again from scratch."""
+    from eagle3lib.config.stages import get_stage
     from eagle3lib.core.manifest import StageTimer, read_manifest
-    from eagle3lib.pipeline.runner import keep_data_time, stale_reason
+    from eagle3lib.pipeline.plan import input_stale
+    from eagle3lib.pipeline.runner import keep_data_time
 
     run = tmp_path / "run"
     _complete_stage(run, "extract", {"store.json": "{}"})
     _complete_stage(run, "train", {"final/model.safetensors": "weights"})
     before = read_manifest(run / "extract")
     StageTimer(run / "extract", {}).finish({"samples": 1})  # the repair run
-    assert "extract was re-run after it" in stale_reason(run, "train")  # what a plain re-run would mean
+    assert "extract was re-run after it" in input_stale(run, get_stage("train"))  # what a plain re-run would mean
     keep_data_time(run / "extract", before)
     after = read_manifest(run / "extract")
-    assert stale_reason(run, "train") is None and after["output_id"] == before["output_id"] and after["repaired_at"]
+    assert input_stale(run, get_stage("train")) is None and after["output_id"] == before["output_id"] and after["repaired_at"]
 
 
 @pytest.mark.parametrize(("manifest", "expected"), [
@@ -383,8 +388,11 @@ def test_a_complete_stage_whose_declared_outputs_are_gone_is_not_skipped(tmp_pat
     import shutil
 
     from eagle3lib.config.stages import get_stage
-    from eagle3lib.core.manifest import StageTimer
-    from eagle3lib.pipeline.runner import _will_run, damaged_outputs, read_manifest
+    from eagle3lib.core.manifest import StageTimer, read_manifest
+    from eagle3lib.pipeline.plan import damaged_outputs, decide
+
+    def runs(stage):
+        return decide(stage, run, None, force=False).action != "skip"
 
     run = tmp_path / "run"
     (run / "train" / "final").mkdir(parents=True)
@@ -393,9 +401,10 @@ def test_a_complete_stage_whose_declared_outputs_are_gone_is_not_skipped(tmp_pat
     StageTimer(run / "train", {}).finish({"steps": 9}, {"checkpoint": "final", "metrics": "metrics.jsonl",
                                                         "last_step_checkpoint": "checkpoints/step_9",
                                                         "references": str(tmp_path / "elsewhere")})
-    assert not _will_run(get_stage("train"), run, force=False)
+    assert not runs(get_stage("train"))
     shutil.rmtree(run / "train" / "checkpoints")
-    assert not _will_run(get_stage("train"), run, force=False)
+    assert not runs(get_stage("train"))
     shutil.rmtree(run / "train" / "final")
-    assert _will_run(get_stage("train"), run, force=False)
-    assert damaged_outputs(run / "train", read_manifest(run / "train")) == "its outputs final are missing"
+    assert runs(get_stage("train"))
+    assert damaged_outputs(run / "train", read_manifest(run / "train"), get_stage("train")) == \
+        "its outputs final are missing"

@@ -56,9 +56,12 @@ def test_stage_runs_then_is_skipped_and_index_links_it(tiny_verifier, tmp_path):
     assert m["params"]["verifier_report"]["serve"] is False
     index = (run / "index.html").read_text()
     assert 'href="verifier/report.html"' in index and (run / "verifier" / "report.html").exists()
-    # complete -> skipped; a changed parameter is pointed out rather than silently ignored
-    r2 = run_cli(*args[:-1], "verifier_report.serve=false", "--set", "verifier_report.n_prompts=2")
-    assert r2.returncode == 0 and "skipped" in r2.stderr and "n_prompts: 6 -> 2" in r2.stderr
+    # complete -> skipped; a changed parameter makes it stale: the dry run names it (and runs nothing)
+    r2 = run_cli(*args, "--dry-run")
+    assert r2.returncode == 0 and "verifier         skip" in r2.stdout, r2.stdout
+    r2 = run_cli(*args, "--set", "verifier_report.n_prompts=2", "--dry-run")
+    assert r2.returncode == 0 and "run again from scratch" in r2.stdout, r2.stdout
+    assert "verifier_report.n_prompts: 6 -> 2" in r2.stdout
     # --force re-runs from scratch
     r3 = run_cli(*args, "--force")
     assert r3.returncode == 0 and "verifier: complete in" in r3.stderr
@@ -68,11 +71,16 @@ def test_a_stage_is_stale_when_its_input_was_made_again_whatever_the_clocks_say(
     """`--stages train --force` re-makes the drafter: the evaluation of the old one must not be skipped as complete.
     And the reverse: a clock that steps (NTP), or stages run on two machines, once made a generate manifest completed
     "after" extract started, and extract then redid everything and a finished drafter was deleted. Ids, not times."""
+    from eagle3lib.config.stages import get_stage
     from eagle3lib.core.manifest import StageTimer, update_manifest
-    from eagle3lib.pipeline.runner import stale_reason
+    from eagle3lib.pipeline.plan import input_stale
 
     def complete(stage):
-        StageTimer(tmp_path / stage, {}).finish({})
+        up = get_stage(stage).input_stage
+        StageTimer(tmp_path / stage, {}, tmp_path / up if up else None).finish({})
+
+    def stale_reason(run, name):
+        return input_stale(run, get_stage(name))
 
     complete("train")
     complete("evaluate")

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import types
 import typing
+from typing import ClassVar
 
 from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator
 
@@ -17,6 +18,9 @@ class StageConfig(BaseModel):
 
     # allow_inf_nan=False: `gt=0` admits inf, and `train.lr=inf` trained (NaN losses) after torchrun had started
     model_config = ConfigDict(extra="forbid", validate_assignment=True, protected_namespaces=(), allow_inf_nan=False)
+    # keys that change how a stage runs or logs, never what it produces (its data, drafter or measured figures): a
+    # change does not make a complete stage stale (config/contract.py)
+    OPERATIONAL: ClassVar[frozenset[str]] = frozenset()
 
     @field_validator("*", mode="before")
     @classmethod

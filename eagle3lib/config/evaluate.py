@@ -28,6 +28,8 @@ def check_schedule(schedule: list[tuple[int, int, int]], key: str) -> None:
 
 
 class EvaluateConfig(StageConfig):
+    OPERATIONAL = frozenset({"progress"})  # concurrency is not: the speedup is measured at it
+
     # --- what is evaluated
     checkpoint: str | None = None  # None or "best" = this run's train/best/ (best validation acceptance) when it is
     # not the last step, else train/final/; "final" = train/final/; or a drafter folder
@@ -94,6 +96,12 @@ class EvaluateConfig(StageConfig):
     tolerance: float = Field(0.15, ge=0)  # |tau_lib - tau_vllm| (greedy) flagged beyond this: bf16 serving vs fp32 library diverge on near-ties (measured gaps ~0.01)
     tolerance_sampled: float = Field(0.3, ge=0)  # the same for sampled decoding (independent samples: ~0.05 standard deviation at ~800 rounds)
     progress: bool = True  # tqdm bars
+
+
+    def served_k(self, train_ttt_steps: int) -> int:
+        """The K evaluation serves and measures: evaluate.ttt_steps, else the K the drafter trained for (the one rule:
+        evaluate, the recipes study and the reports use it)."""
+        return self.ttt_steps or train_ttt_steps
 
     @model_validator(mode="after")
     def _check(self) -> EvaluateConfig:

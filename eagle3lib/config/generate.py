@@ -10,6 +10,8 @@ from eagle3lib.config.base import StageConfig
 
 
 class GenerateConfig(StageConfig):
+    OPERATIONAL = frozenset({"concurrency", "progress"})  # requests in flight; the bar
+
     # --- prompts
     dataset: str = "builtin:tiny-train"  # JSONL/Parquet in ShareGPT or OpenAI format, or a builtin name; prompt = up to the last user turn
     max_samples: int | None = Field(None, ge=1)  # cap after shuffling (the Kimi run used 10,000); None = every prompt

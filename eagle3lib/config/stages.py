@@ -14,9 +14,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from eagle3lib.config.contract import ScopedProfile, stage_params
 from eagle3lib.config.profile import Profile, load_profile, parse_set
-from eagle3lib.config.registry import STAGES, Stage
+from eagle3lib.config.registry import STAGE_BY_NAME, STAGES, Stage
 from eagle3lib.core.hints import did_you_mean
+from eagle3lib.core.manifest import StageTimer
 from eagle3lib.core.paths import NOTEBOOKS_DIR, REPO_ROOT
 
 RUNS_ENV = "EAGLE3LIB_RUNS_DIR"  # where notebooks opened without a run_dir look for runs (default: REPO_ROOT/runs)
@@ -30,7 +32,6 @@ FIXTURE_OVERRIDES = {
     # no run yet: the fixtures' evaluate results (a small concurrency grid measured on the demo's drafter)
     "deployment": {"deployment.results_run_dir": str(FIXTURES / "deployment")},
 }
-STAGE_BY_NAME = {s.name: s for s in STAGES}
 
 
 def existing_stages() -> list[Stage]:
@@ -56,6 +57,12 @@ class StageContext:
     run_dir: Path
     out_dir: Path | None = None  # where it writes instead of RUN_DIR/<stage>/ (a data-scaling point's own train run)
 
+    def __post_init__(self) -> None:
+        # the stage's code reads its own section and, of the others, what its registry row declares (an undeclared
+        # read raises at the read: config/contract.py)
+        if not isinstance(self.profile, ScopedProfile) or self.profile.stage is not self.stage:
+            self.profile = ScopedProfile(getattr(self.profile, "unscoped", self.profile), self.stage)
+
     @property
     def dir(self) -> Path:
         """RUN_DIR/<stage>/: where this stage writes everything."""
@@ -74,15 +81,22 @@ class StageContext:
         return self.run_dir / get_stage(name).name
 
     def manifest_params(self) -> dict[str, Any]:
+        """What its manifest records as `params`: its own section and its declared reads (config/contract.py)."""
         return stage_params(self.profile, self.stage)
 
+    def input_dir(self) -> Path | None:
+        """The folder of the stage whose outputs it consumes (its row's input_stage), None without one."""
+        return self.stage_dir(self.stage.input_stage) if self.stage.input_stage else None
 
-def stage_params(profile: Profile, stage: Stage) -> dict[str, Any]:
-    """What a manifest records as a stage's parameters; the runner compares it to decide whether a rerun is stale."""
-    params = {"profile": profile.name, stage.section: profile.section(stage.section).model_dump(mode="json")}
-    if stage.section == "extract":  # what the store holds depends on it (tokens only when the trainer computes states)
-        params["train.hidden_states"] = profile.section("train").hidden_states
-    return params
+    def rank_args(self, overrides: dict[str, Any] | None = None) -> list[str]:
+        """The command line of each process the stage starts (`open_rank_stage` reads it back in that process)."""
+        args = ["--profile", str(self.profile.path), "--run-dir", str(self.run_dir),
+                "--overrides-json", json.dumps(overrides if overrides is not None else self.profile.overrides)]
+        return args + (["--out-dir", str(self.out_dir)] if self.out_dir is not None else [])
+
+    def timer(self) -> StageTimer:
+        """The stage's StageTimer: running now, with the input id it starts from, its params recorded."""
+        return StageTimer(self.dir, self.manifest_params(), input_dir=self.input_dir())
 
 
 def runs_root() -> Path:

@@ -22,6 +22,10 @@ def aux_order_problem(ids: list[int], key: str = "verifier.aux_layer_ids") -> st
 
 
 class VerifierConfig(StageConfig):
+    # where and how the server runs: the same model answers the same way (greedy outputs are identical across them)
+    OPERATIONAL = frozenset({"server_url", "api_key_env", "served_model_name", "kv_cache_gib", "gpu_memory_utilization",
+                             "startup_timeout_s", "tensor_parallel_size", "server_env", "extra_server_args"})
+
     model: str = "builtin:tiny"  # HF model id or local dir; `builtin:tiny` is the CPU default eagle3lib builds itself
     trust_remote_code: bool = False  # runs code shipped with the checkpoint: only for models that need it (Kimi-K2.5)
     dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"  # serving and extraction precision

@@ -25,9 +25,6 @@ from eagle3lib.core.atomic import write_json_atomic
 T = TypeVar("T")
 
 MANIFEST = "manifest.json"
-# What each stage consumes: a stage whose recorded input id is not its input's current output_id is stale.
-INPUT_STAGE = {"extract": "generate", "train": "extract", "evaluate": "train"}
-
 
 # the fields the runner reads: a damaged one is named here, not met as a Python error in whatever reads it first
 FIELD_TYPES = {"status": str, "params": dict, "figures": dict, "outputs": dict, "input_ids": dict, "output_id": str}
@@ -78,13 +75,12 @@ def clear_results(stage_dir: str | Path) -> None:
         write_json_atomic(Path(stage_dir) / MANIFEST, {k: v for k, v in m.items() if k not in ("figures", "outputs")})
 
 
-def input_ids(stage_dir: str | Path) -> dict[str, str]:
-    """{input stage: its output_id} for the stage in `stage_dir` (a stage of a run: RUN_DIR/<stage>); {} when it has
-    no input stage or the input has not completed with an id."""
-    stage_dir = Path(stage_dir)
-    upstream = INPUT_STAGE.get(stage_dir.name)
-    m = read_manifest(stage_dir.parent / upstream) if upstream else None
-    return {upstream: m["output_id"]} if m and m.get("status") == "complete" and m.get("output_id") else {}
+def input_ids(input_dir: str | Path | None) -> dict[str, str]:
+    """{input stage: its output_id} for a stage consuming the stage folder `input_dir` (its registry row's
+    input_stage); {} without one, or when the input has not completed with an id."""
+    m = read_manifest(input_dir) if input_dir is not None else None
+    ok = m and m.get("status") == "complete" and m.get("output_id")
+    return {Path(input_dir).name: m["output_id"]} if ok else {}
 
 
 def completion(**fields: Any) -> dict[str, Any]:
@@ -97,23 +93,25 @@ class StageTimer:
     """Marks a stage running on entry (with the input ids it starts from) and complete (with wall time and a new
     output_id) on `finish`; failures are marked by the runner."""
 
-    def __init__(self, stage_dir: str | Path, params: dict[str, Any] | None = None, **extra: Any):
+    def __init__(self, stage_dir: str | Path, params: dict[str, Any] | None = None, input_dir: Path | None = None,
+                 **extra: Any):
         self.stage_dir = Path(stage_dir)
         self.stage_dir.mkdir(parents=True, exist_ok=True)
         self.t0 = time.time()
         update_manifest(self.stage_dir, status="running", started_at=now_iso(), params=params or {}, error=None,
-                        input_ids=input_ids(self.stage_dir), **extra)
+                        input_ids=input_ids(input_dir), **extra)
 
     def finish(self, figures: dict[str, Any], outputs: dict[str, Any] | None = None) -> dict[str, Any]:
         return update_manifest(self.stage_dir, **completion(wall_s=round(time.time() - self.t0, 2), figures=figures,
                                                             outputs=outputs or {}))
 
 
-def timed_stage(stage_dir: Path, params: dict[str, Any], body: Callable[[StageTimer], T]) -> T:
+def timed_stage(stage_dir: Path, params: dict[str, Any], body: Callable[[StageTimer], T],
+                input_dir: Path | None = None) -> T:
     """A stage body run with its results cleared first and a StageTimer to finish; an exception is recorded in the
     manifest (status failed, the error) before it propagates, so a report never shows a half-run stage as complete."""
     clear_results(stage_dir)
-    timer = StageTimer(stage_dir, params)
+    timer = StageTimer(stage_dir, params, input_dir)
     try:
         return body(timer)
     except BaseException as e:

@@ -10,16 +10,23 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from eagle3lib.core.guard import popen_guarded
+from eagle3lib.core.manifest import read_manifest
 from eagle3lib.core.paths import RUN_CWD_ENV, run_cwd
 
-if TYPE_CHECKING:
-    from eagle3lib.config.launch import TorchrunConfig
+
+class Launch(Protocol):
+    """How many processes to start and how they meet (config/launch.py's TorchrunConfig is one)."""
+
+    nproc_per_node: int
+    nnodes: int
+    rdzv_endpoint: str | None
+    rdzv_id: str
 
 
-def torchrun_command(cfg: TorchrunConfig, module: str, args: list[str]) -> list[str]:
+def torchrun_command(cfg: Launch, module: str, args: list[str]) -> list[str]:
     """`python -m module args`, or torchrun running it when `cfg` asks for several processes."""
     if cfg.nproc_per_node * cfg.nnodes > 1:
         tr = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={cfg.nproc_per_node}"]
@@ -75,6 +82,30 @@ def run_streamed(cmd: list[str], cwd: str, env: dict[str, str], show: Callable[[
 _OWN_ERROR = re.compile(r"^(?:\[rank\d+\]:\s*)?\[(?:train|extract)[^\]]*\] error: (.+)$")
 _KILLED = re.compile(r"exitcode\s*:\s*-(\d+)")
 _EXCEPTION = re.compile(r"^(?:\[rank\d+\]:\s*)?((?:[\w.]+\.)?\w*(?:Error|Exception|Interrupt)\b.*)$")
+
+
+def run_stage_processes(cfg: Launch, module: str, args: list[str], stage_dir: Path, prefix: str, what: str,
+                        error: type[Exception], echo: Callable[[str], None] = print) -> dict:
+    """A stage's processes (`python -m module args`, under torchrun when `cfg` asks for several), started in its folder,
+    their `[prefix...]` lines echoed and every line kept in STAGE_DIR/<prefix>.log; returns the manifest rank 0 wrote.
+    Raises `error` ("<what> failed: ...") naming the line that says why when they fail or leave no complete manifest. On a node of a
+    multi-node run whose RUN_DIR is not shared, rank 0 wrote the manifest elsewhere: its manifest as found is returned.
+
+    They start in the stage folder, not the repository: `python -m` puts its folder on the path, and the repository's
+    top-level `kernels/` must not shadow Hugging Face's `kernels` package there (ours is `eagle3lib.kernels`)."""
+    stage_dir.mkdir(parents=True, exist_ok=True)
+    log = stage_dir / f"{prefix}.log"
+    code, tail = run_streamed(torchrun_command(cfg, module, args), str(stage_dir), torchrun_env(cfg.nproc_per_node),
+                              lambda line: line.startswith(f"[{prefix}"), echo, log)
+    m = read_manifest(stage_dir) or {}
+    if code == 0 and cfg.nnodes > 1 and m.get("status") != "complete":
+        echo(f"[{prefix}] this node's processes finished; rank 0 ran on another node and wrote the results to its "
+             f"{stage_dir}")
+        return m
+    if code != 0 or m.get("status") != "complete":
+        raise error(f"{what} failed: {m.get('error') or failure_cause(tail) or f'exit code {code}'} (every process's "
+                    f"output: {log})")
+    return m
 
 
 def failure_cause(tail: list[str]) -> str | None:

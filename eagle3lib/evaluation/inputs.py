@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 from eagle3lib.config.evaluate import EvaluateConfig
-from eagle3lib.config.stages import StageContext
 from eagle3lib.core.manifest import read_manifest
 from eagle3lib.data.datasets import DatasetError, load_conversations
 from eagle3lib.data.multi_turn import segments
@@ -155,16 +154,15 @@ def select_prompts(cfg: EvaluateConfig, tokenizer, max_model_len: int, k: int, l
     return out, stats, hashes
 
 
-def prompts_in_training(ctx: StageContext, hashes: set[str]) -> int | None:
+def prompts_in_training(dataset: str, turns: str, hashes: set[str]) -> int | None:
     """How many evaluation prompts are also prompts of the generate stage's dataset, cut as the stage cuts them
     (generate.turns: the last or the first user turn), or are its conversations' last prompts (None when it cannot be
     read)."""
     try:
-        gen = ctx.profile.section("generate")
-        convs = load_conversations(gen.dataset, on_bad_record="skip")
+        convs = load_conversations(dataset, on_bad_record="skip")
     except Exception:
         return None
     train = {prompt_hash(c.prompt()) for c in convs if c.prompt() is not None}
-    if gen.turns != "last":  # first (and all's first round): the first user turn is a prompt the verifier answered
+    if turns != "last":  # first (and all's first round): the first user turn is a prompt the verifier answered
         train |= {prompt_hash(segs[0]) for c in convs if (segs := segments(c.messages))}
     return len(hashes & train)

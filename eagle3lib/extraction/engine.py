@@ -106,7 +106,8 @@ def extract(cfg: ExtractConfig, vcfg: VerifierConfig, out_dir: str | Path, gen_d
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     rank, world = ranks.rank(), ranks.world()
-    timer = StageTimer(out_dir, manifest_params or {"extract": cfg.model_dump(mode="json")}) if rank == 0 else None
+    timer = StageTimer(out_dir, manifest_params or {"extract": cfg.model_dump(mode="json")},
+                       input_dir=Path(gen_dir) if gen_dir is not None else None) if rank == 0 else None
     model_path = resolve_model(vcfg.model)
     facts = _verifier_facts(model_path, vcfg)
     L, H, aux = facts["num_layers"], facts["hidden_size"], facts["aux_layer_ids"]

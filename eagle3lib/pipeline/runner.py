@@ -18,17 +18,18 @@ import time
 from pathlib import Path
 from typing import Any
 
+from eagle3lib.config.contract import stage_params
 from eagle3lib.config.profile import Profile, load_profile
-from eagle3lib.config.stages import STAGES, Stage, default_stages, existing_stages, get_stage, stage_params
+from eagle3lib.config.stages import STAGES, Stage, default_stages, existing_stages, get_stage
 from eagle3lib.core.atomic import write_json_atomic
-from eagle3lib.core.manifest import INPUT_STAGE, now_iso, read_manifest, update_manifest
+from eagle3lib.core.manifest import now_iso, read_manifest, update_manifest
 from eagle3lib.core.paths import NOTEBOOKS_DIR, REPO_ROOT
 from eagle3lib.core.progress import HEADLESS_ENV
 from eagle3lib.core.stage_lock import stage_lock
 from eagle3lib.core.stop import Interrupted, signals_interrupt, stop_children, wait_thread
-from eagle3lib.data.store_index import store_problems
 from eagle3lib.pipeline.index import write_index
 from eagle3lib.pipeline.kernel import ipc_kernel_manager
+from eagle3lib.pipeline.plan import decide, plan
 from eagle3lib.pipeline.preflight import preflight
 from eagle3lib.pipeline.shared_server import SharedServer, SharedServerError
 
@@ -63,17 +64,6 @@ def render_html(nb_path: Path, html_path: Path, run_dir: Path) -> None:
     # the template loads require.js and MathJax from a CDN; a report has no code to run, and must open offline
     body = re.sub(r'<script[^>]*\ssrc="https?://[^"]*"[^>]*>\s*</script>', "", body)
     html_path.write_text(relative_text(body, run_dir.resolve(), run_dir.absolute(), REPO_ROOT))
-
-
-def _param_diff(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:
-    diffs = []
-    for key in sorted(set(old) | set(new)):
-        a, b = old.get(key), new.get(key)
-        if isinstance(a, dict) and isinstance(b, dict):
-            diffs += _param_diff(a, b, f"{prefix}{key}.")
-        elif a != b:
-            diffs.append(f"{prefix}{key}: {a!r} -> {b!r}")
-    return diffs
 
 
 def run_stage(stage: Stage, profile: str, run_dir: Path, overrides: dict[str, Any], expected_params: dict[str, Any]) -> None:
@@ -149,62 +139,17 @@ def run_stage(stage: Stage, profile: str, run_dir: Path, overrides: dict[str, An
     update_manifest(stage_dir, **fields)
 
 
-def stale_reason(run_dir: Path, name: str) -> str | None:
-    """Why the complete stage `name` no longer matches its input (None if it does): it started from another output of
-    its input stage than the one there now (the input completed again since: re-run, forced, or made on another
-    machine). Ids, not clocks: a clock stepped by NTP, or stages run on machines whose clocks differ, would make a
-    finished stage look older than its input and redo it. A failed or interrupted attempt of the input stage does not count (its data is
-    unchanged or, resumed, still to be completed); a stage made before ids were recorded is never called stale."""
-    upstream = INPUT_STAGE.get(name)
-    mine = read_manifest(run_dir / name)
-    theirs = read_manifest(run_dir / upstream) if upstream else None
-    if not (mine and theirs) or theirs.get("status") != "complete":
-        return None
-    used, now = (mine.get("input_ids") or {}).get(upstream), theirs.get("output_id")
-    if used and now and used != now:
-        return f"{upstream} was re-run after it (its outputs are {now[:8]}, this stage used {used[:8]})"
-    return None
-
-
-# declared outputs a user may delete without undoing the stage: intermediate checkpoints are resumable state (often
-# the largest files of a run); the drafter is final/
-DISPOSABLE = {"last_step_checkpoint"}
-
-
-def missing_outputs(stage_dir: Path, m: dict[str, Any]) -> list[str]:
-    """The outputs a complete stage's manifest declares (paths relative to its folder) that are not there. Absolute
-    paths are references to other stages' files (evaluate's checkpoint), not this stage's outputs."""
-    declared = [p for k, v in (m.get("outputs") or {}).items() if k not in DISPOSABLE
-                for p in (v if isinstance(v, list) else [v])]
-    return [p for p in declared if isinstance(p, str) and p and not os.path.isabs(p) and "://" not in p
-            and not (stage_dir / p).exists()]
-
-
-def damaged_outputs(stage_dir: Path, m: dict[str, Any]) -> str | None:
-    """Why a complete stage's outputs can no longer be trusted (None if they can): a declared output is missing (a
-    deleted train/final was "complete, skipped", and evaluate then blamed a setting nobody set), or the extract
-    stage's store is damaged (checked by names and sizes)."""
-    if missing := missing_outputs(stage_dir, m):
-        return f"its outputs {', '.join(missing)} are missing"
-    if stage_dir.name != "extract":
-        return None
-    problems = store_problems(stage_dir, (m.get("figures") or {}).get("samples"))
-    return f"its store is damaged ({'; '.join(problems)})" if problems else None
-
-
-# Files every attempt writes before any result: a failed attempt with nothing else produced nothing worth keeping.
-BOOKKEEPING = {"manifest.json", "report.html", "generate_key.json", "prompt_ids.json", ".writer.lock", "store.json",
-               "index.jsonl", "draft_vocab.safetensors"}
 SCRATCH_DIRS = {".vllm-cache", ".inductor-cache", "vllm-hidden-scratch"}
 
 
-def produced_outputs(stage_dir: Path) -> list[Path]:
-    """Files of a stage folder that are results (shards, checkpoints, metrics, measurements), not bookkeeping."""
+def produced_outputs(stage_dir: Path, bookkeeping: frozenset[str]) -> list[Path]:
+    """Files of a stage folder that are results (shards, checkpoints, metrics, measurements), not the files its row
+    calls bookkeeping (written by every attempt before any result)."""
     out = []
     for p in stage_dir.rglob("*"):
         if not p.is_file() or SCRATCH_DIRS & set(p.relative_to(stage_dir).parts):
             continue
-        if p.name in BOOKKEEPING or p.suffix in (".ipynb", ".log") or p.stat().st_size == 0:
+        if p.name in bookkeeping or p.suffix in (".ipynb", ".log") or p.stat().st_size == 0:
             continue
         out.append(p)
     return out
@@ -215,8 +160,8 @@ class _SetAside:
     new run completes, moved back if the new run fails before producing results of its own, kept (and named) if it
     failed after producing some. Nothing finished is deleted before its replacement exists."""
 
-    def __init__(self, stage_dir: Path):
-        self.stage_dir = stage_dir
+    def __init__(self, stage_dir: Path, bookkeeping: frozenset[str]):
+        self.stage_dir, self.bookkeeping = stage_dir, bookkeeping
         self.aside: Path | None = None
         if stage_dir.exists():
             self.aside = stage_dir.parent / f".{stage_dir.name}.previous-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -229,7 +174,7 @@ class _SetAside:
     def failed(self) -> str:
         if self.aside is None:
             return ""
-        if self.stage_dir.exists() and produced_outputs(self.stage_dir):
+        if self.stage_dir.exists() and produced_outputs(self.stage_dir, self.bookkeeping):
             return f"; the previous outputs are kept in {self.aside}"
         shutil.rmtree(self.stage_dir, ignore_errors=True)
         os.replace(self.aside, self.stage_dir)
@@ -247,14 +192,6 @@ def check_run_dir(run_dir: Path) -> None:
         probe.unlink()
     except OSError as e:
         raise ValueError(f"--run-dir {run_dir}: cannot write there ({e.strerror or e})") from None
-
-
-def _will_run(stage: Stage, run_dir: Path, force: bool) -> bool:
-    if force or stage.always_run:
-        return True  # (a forced stage's manifest is not read: a damaged one goes aside with its folder)
-    m = read_manifest(run_dir / stage.name)
-    complete = m and m.get("status") == "complete"
-    return not complete or bool(stale_reason(run_dir, stage.name) or damaged_outputs(run_dir / stage.name, m))
 
 
 def select_stages(stages: list[str] | None) -> list[Stage]:
@@ -277,7 +214,10 @@ def run_pipeline(
     stages: list[str] | None = None,
     overrides: dict[str, Any] | None = None,
     force: bool = False,
-) -> Path:
+    dry_run: bool = False,
+) -> Path | None:
+    """Run the selected stages into `run_dir`; returns its index.html. `dry_run`: print what each stage would do and
+    why (pipeline/plan.py), touch nothing, return None."""
     if not str(run_dir).strip():  # Path("") is the current folder: from the repository root, the checkout itself
         raise ValueError("--run-dir is empty: name the folder every stage writes to (e.g. runs/demo)")
     run_dir = Path(run_dir).resolve()
@@ -289,7 +229,13 @@ def run_pipeline(
     # Validate every section before anything runs: a typo fails in a second, not after an hour of generation.
     prof = load_profile(profile, overrides)
     profile_arg = str(prof.path)
-    will_run = [s.name for s in selected if _will_run(s, run_dir, force)]
+    decisions = plan(selected, run_dir, prof, force)
+    if dry_run:
+        print(f"profile {prof.name} ({prof.path}) -> {run_dir}: what a run would do")
+        for stage, d in decisions:
+            print(d.line(stage.name))
+        return None
+    will_run = [s.name for s, d in decisions if d.action != "skip"]
     preflight(prof, will_run)  # against the verifier's own config, before any server starts or folder is made
     check_run_dir(run_dir)
     _say(f"profile {prof.name} ({prof.path}) -> {run_dir}; stages: {', '.join(s.name for s in selected)}")
@@ -332,30 +278,22 @@ def _run_locked(i: int, stage: Stage, selected: list[Stage], prof: Profile, prof
     expected = stage_params(prof, stage)
     stage_dir = run_dir / stage.name
     check_writable(stage_dir)
-    try:
-        m = read_manifest(stage_dir)
-    except ValueError:
-        if not force:
-            raise
-        m = None  # --force starts the stage over: its damaged manifest goes aside with the rest of the folder
-    stale = None if force else stale_reason(run_dir, stage.name)
+    d = decide(stage, run_dir, prof, force)  # a damaged manifest raises here, naming it (unless forced)
     from_scratch, repaired = None, None
-    if stale and m and m.get("status") == "complete" and not stage.always_run and not force:
-        _say(f"[{i}/{len(selected)}] {stage.name}: {stale}: running it again from scratch")
-        from_scratch = _SetAside(stage_dir)
-    elif force:  # from scratch: resumable stages would otherwise resume
-        from_scratch = _SetAside(stage_dir)
-    elif m and m.get("status") == "complete" and not stage.always_run and (damage := damaged_outputs(stage_dir, m)):
-        # resumed, not redone: the stage sets what is damaged aside and makes only what is missing again. Only the
-        # extract stage's repair makes the same data again (the same states of the same records): the stages after it
-        # keep theirs. Others (a regenerated shard, a drafter trained again) are new outputs for the stages after.
-        _say(f"[{i}/{len(selected)}] {stage.name}: complete, but {damage}: running it again for what is missing")
-        repaired = m if stage.name == "extract" else None
-    elif m and m.get("status") == "complete" and not stage.always_run:
-        diffs = _param_diff(m.get("params", {}), expected)
-        note = f" (parameters changed: {'; '.join(diffs)}; use --force to re-run)" if diffs else ""
-        _say(f"[{i}/{len(selected)}] {stage.name}: complete, skipped{note}")
+    step = f"[{i}/{len(selected)}] {stage.name}"
+    if d.action == "skip":
+        _say(f"{step}: complete, skipped")
         return "skipped"
+    if d.action == "again":  # from scratch: resumable stages would otherwise resume
+        if not force:
+            _say(f"{step}: {d.why}: running it again from scratch")
+        from_scratch = _SetAside(stage_dir, stage.bookkeeping)
+    elif d.action == "repair":
+        # resumed, not redone: the stage sets what is damaged aside and makes only what is missing again. A store's
+        # repair makes the same data again (the same states of the same records): the stages after it keep theirs.
+        # Others (a regenerated shard, a drafter trained again) are new outputs for the stages after.
+        _say(f"{step}: {d.why}")
+        repaired = read_manifest(stage_dir) if stage.store else None
     _say(f"[{i}/{len(selected)}] {stage.name}: running {stage.notebook}")
     t0 = time.time()
     try:

@@ -20,7 +20,6 @@ from eagle3lib.analysis.compare import (
 )
 from eagle3lib.config.stages import StageContext, runs_root
 from eagle3lib.core.atomic import write_text_atomic
-from eagle3lib.core.manifest import StageTimer
 
 
 @dataclass
@@ -34,7 +33,7 @@ class Comparison:
 
 def run(ctx: StageContext) -> Comparison:
     cfg = ctx.cfg
-    timer = StageTimer(ctx.dir, ctx.manifest_params())
+    timer = ctx.timer()
     paths = find_runs(cfg.runs, ctx.run_dir, runs_root())
     if cfg.labels and len(cfg.labels) != len(paths):
         raise ValueError(f"compare_runs.labels has {len(cfg.labels)} names for {len(paths)} runs: {[p.name for p in paths]}")

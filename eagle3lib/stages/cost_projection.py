@@ -10,13 +10,12 @@ from eagle3lib.analysis.hidden_modes import hidden_modes
 from eagle3lib.config.profile import ParamsError
 from eagle3lib.config.stages import StageContext
 from eagle3lib.core.atomic import write_text_atomic
-from eagle3lib.core.manifest import StageTimer
 
 
 def run(ctx: StageContext) -> CostProjection:
     """The stage: project the hero run onto every hardware row, write the tables and the manifest."""
     cfg = ctx.cfg
-    timer = StageTimer(ctx.dir, ctx.manifest_params())
+    timer = ctx.timer()
     run_dir = resolve_path(cfg.manifests_run_dir) if cfg.manifests_run_dir else ctx.run_dir
     train_ttt = None
     try:

@@ -28,13 +28,12 @@ from eagle3lib.analysis.published_decode import PUBLISHED_DECODE, predict_decode
 from eagle3lib.analysis.published_speedups import PUBLISHED, predict
 from eagle3lib.config.stages import StageContext
 from eagle3lib.core.atomic import write_json_atomic, write_text_atomic
-from eagle3lib.core.manifest import StageTimer
 
 
 def run(ctx: StageContext) -> dict[str, Any]:
     """The stage: model every hardware row, derive its schedule, compare with the CPU grid and published figures."""
     cfg = ctx.cfg
-    timer = StageTimer(ctx.dir, ctx.manifest_params())
+    timer = ctx.timer()
     table = load_hardware(resolve_path(cfg.hardware_file))
     names = hardware_names(cfg, ctx.profile, table)
     check_published_rows(cfg, table)

@@ -21,14 +21,14 @@ from typing import Any
 
 from eagle3lib.analysis.deployment import k_sweep_model
 from eagle3lib.config.stages import StageContext
-from eagle3lib.core.manifest import StageTimer, now_iso, update_manifest
+from eagle3lib.core.manifest import now_iso, update_manifest
 from eagle3lib.evaluation import stage_run as phase
 from eagle3lib.reports.evaluate import plot_comparison
 
 
 def run(ctx: StageContext) -> dict[str, Any]:
     """The stage: returns {"figures", "results", "outputs"}; writes manifest.json, results.json, comparison.png."""
-    timer = StageTimer(ctx.dir, ctx.manifest_params())
+    timer = ctx.timer()
     t_start = time.time()
     try:
         ev = phase.prepare(ctx, t_start)

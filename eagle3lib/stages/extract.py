@@ -8,7 +8,6 @@ Its engine, backends, store and resume rules: eagle3lib/extraction/engine.py."""
 
 from __future__ import annotations
 
-import json
 import sys
 from typing import Any
 
@@ -16,8 +15,7 @@ import torch
 
 from eagle3lib.config.stages import StageContext
 from eagle3lib.core import ranks
-from eagle3lib.core.manifest import read_manifest
-from eagle3lib.core.torchrun import failure_cause, run_streamed, torchrun_command, torchrun_env
+from eagle3lib.core.torchrun import run_stage_processes
 from eagle3lib.extraction.engine import ExtractError, extract, say
 
 
@@ -29,20 +27,9 @@ def run(ctx: StageContext, *, echo=print) -> dict[str, Any]:
     if cfg.nproc_per_node * cfg.nnodes == 1:
         return extract(cfg, ctx.verifier, ctx.dir, ctx.stage_dir("generate"), ctx.manifest_params(),
                        hidden_states=ctx.profile.section("train").hidden_states)
-    args = ["--profile", str(ctx.profile.path), "--run-dir", str(ctx.run_dir),
-            "--overrides-json", json.dumps(ctx.profile.overrides)]
-    ctx.dir.mkdir(parents=True, exist_ok=True)  # the processes start in it (not the repository: see training/launch.py)
-    log = ctx.dir / "extract.log"  # every rank's output; the error names the line that says why
-    code, tail = run_streamed(torchrun_command(cfg, "eagle3lib.stages.extract", args), str(ctx.dir),
-                              torchrun_env(cfg.nproc_per_node), lambda line: line.startswith("[extract"), echo, log)
-    m = read_manifest(ctx.dir) or {}
-    if code == 0 and cfg.nnodes > 1 and m.get("status") != "complete":
-        echo(f"[extract] this node's ranks finished; rank 0 ran on another node and wrote the manifest to its {ctx.dir}")
-        return {"figures": {}, "outputs": {}, "out_dir": ctx.dir}
-    if code != 0 or m.get("status") != "complete":
-        raise ExtractError(f"extraction failed: {m.get('error') or failure_cause(tail) or f'exit code {code}'} "
-                           f"(every rank's output: {log})")
-    return {"figures": m["figures"], "outputs": m["outputs"], "out_dir": ctx.dir}
+    m = run_stage_processes(cfg, "eagle3lib.stages.extract", ctx.rank_args(), ctx.dir, "extract", "extraction",
+                            ExtractError, echo)
+    return {"figures": m.get("figures") or {}, "outputs": m.get("outputs") or {}, "out_dir": ctx.dir}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -9,12 +9,11 @@ from typing import Any
 from eagle3lib.analysis.curves import LearningCurves, latest, load_runs, ttt_steps
 from eagle3lib.config.stages import StageContext
 from eagle3lib.core.atomic import write_text_atomic
-from eagle3lib.core.manifest import StageTimer
 
 
 def run(ctx: StageContext) -> LearningCurves:
     """The stage: load every configured run, write the summary (CSV) and the manifest, return the data to plot."""
-    timer = StageTimer(ctx.dir, ctx.manifest_params())
+    timer = ctx.timer()
     runs = load_runs(ctx.cfg, ctx.stage_dir("train") / "metrics.jsonl", ctx.dir / "fetched")
     lc = LearningCurves(runs)
     figures: dict[str, Any] = {"runs": len(runs), "records": sum(r.records for r in runs),

@@ -14,7 +14,6 @@ from typing import Any
 from eagle3lib.config.stages import StageContext
 from eagle3lib.config.verifier import VerifierConfig
 from eagle3lib.config.verifier_report import VerifierReportConfig
-from eagle3lib.core.manifest import StageTimer
 from eagle3lib.core.paths import ASSETS_DIR
 from eagle3lib.model.drafter_shape import verifier_is_mla
 from eagle3lib.model.verifier import aux_layer_ids, describe_model, load_config, resolve_model
@@ -68,7 +67,7 @@ def sample_answers(endpoint, prompts: list[dict], cfg: VerifierReportConfig) -> 
 
 def run(ctx: StageContext) -> dict[str, Any]:
     cfg, vcfg = ctx.cfg, ctx.verifier
-    timer = StageTimer(ctx.dir, ctx.manifest_params())
+    timer = ctx.timer()
     t0 = time.time()
     model_path = resolve_model(vcfg.model)
     figures: dict[str, Any] = {"model": describe_model(vcfg.model),

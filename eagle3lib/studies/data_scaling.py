@@ -158,7 +158,7 @@ def _target_cost(ctx: StageContext, fit: ScalingFit, target: float, epochs: floa
 
 def run(ctx: StageContext, echo=print) -> dict[str, Any]:
     """The stage: returns fit.json's content; writes fit.json, cost_for_target.csv and the manifest."""
-    return timed_stage(ctx.dir, ctx.manifest_params(), lambda timer: _run(ctx, timer, echo))
+    return timed_stage(ctx.dir, ctx.manifest_params(), lambda timer: _run(ctx, timer, echo), ctx.input_dir())
 
 
 def _run(ctx: StageContext, timer: StageTimer, echo) -> dict[str, Any]:

@@ -145,7 +145,7 @@ def run(ctx: StageContext, echo: Callable[[str], None] = print, plot: Callable[[
         ) -> dict[str, Any]:
     """The study: returns recipes.json's content; writes it, recipes.csv, recipes.png (`plot`: the result -> a
     matplotlib figure; none without it) and the manifest."""
-    return timed_stage(ctx.dir, ctx.manifest_params(), lambda timer: _run(ctx, timer, echo, plot))
+    return timed_stage(ctx.dir, ctx.manifest_params(), lambda timer: _run(ctx, timer, echo, plot), ctx.input_dir())
 
 
 def _run(ctx: StageContext, timer: StageTimer, echo: Callable[[str], None],
@@ -158,7 +158,7 @@ def _run(ctx: StageContext, timer: StageTimer, echo: Callable[[str], None],
         raise RecipesError(f"{store}: no hidden-state store to train the recipes on (run --stages generate,extract "
                            "first)")
     ecfg, tcfg = ctx.profile.section("evaluate"), ctx.profile.section("train")
-    k = ecfg.ttt_steps or tcfg.ttt_steps
+    k = ecfg.served_k(tcfg.ttt_steps)
     model_path = resolve_model(ctx.verifier.model)
     # None: the train section's seed, in the recipe's own folder; a seed of recipes.seeds beside it
     seeds: list[int | None] = [None if s == tcfg.seed else s for s in ctx.cfg.seeds] or [None]

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import re
 import shutil
-from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -101,7 +100,7 @@ def save_step(t: Trainer, step: int) -> Path:
     path = checkpoint_dir(t.ckpt_root, step)
     if t.rank == 0:
         training_state = {
-            **asdict(t.progress), "step": step, "elapsed_s": t.elapsed(), "optimizer": optim,
+            **t.progress.state(), "step": step, "elapsed_s": t.elapsed(), "optimizer": optim,
             "scheduler": {"step": step, "total_steps": t.plan.total_steps},
             "rng_cpu": torch.get_rng_state(),
             "rng_cuda": torch.cuda.get_rng_state(t.device) if t.device.type == "cuda" else None,

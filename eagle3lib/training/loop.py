@@ -149,9 +149,7 @@ class Trainer:
             missing, unexpected = drafter.load_state_dict(weights, strict=False)
             if unexpected or [m for m in missing if m not in ("d2t", "t2d")]:  # set from the draft vocab above
                 raise CheckpointError(f"{self.resumed_from}: weights do not match the drafter ({missing}, {unexpected})")
-            self.progress = Progress(int(rs["step"]), int(rs.get("tokens_seen", 0)), int(rs.get("samples_seen", 0)),
-                                     float(rs.get("elapsed_s", 0.0)), int(rs.get("oov_step0", 0)),
-                                     int(rs.get("counted_step0", 0)))
+            self.progress = Progress.from_state(rs)
             self.best = Best.from_state(rs.get("best"))
             # stopped by train.patience: stays stopped unless this run is more patient (then it trains on)
             self.stopped_early = bool(cfg.patience and self.best.since_best >= cfg.patience)
@@ -389,7 +387,7 @@ def train(ctx: StageContext, *, on_record: OnRecord | None = None) -> dict[str, 
     with dist.process_group(training_device(ctx.cfg)):
         rank = dist.rank()
         t_start = time.time()
-        timer = StageTimer(ctx.dir, ctx.manifest_params()) if rank == 0 else None
+        timer = ctx.timer() if rank == 0 else None
         trainer = None
         try:
             trainer = Trainer(ctx, on_record, timer, t_start)

@@ -5,7 +5,7 @@ of the step alone, so it needs no state."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 import torch
@@ -33,10 +33,21 @@ class Progress:
     oov_step0: int = 0  # step-0 positions whose verifier argmax lies outside the draft vocabulary
     counted_step0: int = 0  # step-0 positions counted
 
+    # one pair of methods saves and restores every field (a field added here is saved and restored alike)
+    def state(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_state(cls, saved: dict[str, Any]) -> Progress:
+        """The counters of a checkpoint's training state; one it predates reads as its default."""
+        return cls(**{f.name: type(f.default)(saved[f.name]) for f in fields(cls) if f.name in saved})
+
 
 class Window:
     """Sums over a logging window (local to this process until reduced); part of the checkpoint, so a run resumed
     mid-window writes the same record as an uninterrupted one."""
+
+    COUNTS = ("seconds", "tokens", "samples", "steps")  # saved and restored with the stats, by the same names
 
     def __init__(self, K: int, device, saved: dict[str, Any] | None = None):
         self.stats = torch.zeros(len(STAT_KEYS), K, dtype=torch.float64, device=device)
@@ -46,9 +57,8 @@ class Window:
         self.steps = 0
         if saved:
             self.stats += saved["stats"].to(device)
-            self.tokens, self.samples, self.seconds, self.steps = (saved["tokens"], saved["samples"], saved["seconds"],
-                                                                   saved["steps"])
+            for name in self.COUNTS:
+                setattr(self, name, saved[name])
 
     def state(self) -> dict[str, Any]:
-        return {"stats": self.stats.cpu(), "tokens": self.tokens, "samples": self.samples, "seconds": self.seconds,
-                "steps": self.steps}
+        return {"stats": self.stats.cpu(), **{name: getattr(self, name) for name in self.COUNTS}}

@@ -13,10 +13,9 @@ from eagle3lib.config.train import TrainConfig
 from eagle3lib.core.manifest import read_manifest
 from eagle3lib.training.launch import launch
 
-# train settings that do not change the drafter a run trains: a train stage that also logged to TensorBoard, or
-# checkpointed more often, trains the same drafter
-BOOKKEEPING = {"report_to", "tracker_project", "tracker_run_name", "wandb_mode", "mlflow_tracking_uri", "export_layouts",
-               "log_every", "ckpt_every", "keep_checkpoints", "resume", "threads"}
+# train settings that do not change the drafter a run trains (TrainConfig.OPERATIONAL): a train stage that also
+# logged to TensorBoard, or checkpointed more often, trains the same drafter
+BOOKKEEPING = TrainConfig.OPERATIONAL
 
 
 # what a variant does not inherit from the run's own training: it neither logs to the run's trackers nor writes the
