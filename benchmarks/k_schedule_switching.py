@@ -53,12 +53,12 @@ def main() -> None:
     a = ap.parse_args()
 
     from eagle3lib.config.stages import open_stage
-    from eagle3lib.evaluation.concurrency_grid import grid_prompts, scheduled_config
+    from eagle3lib.evaluation.concurrency_grid import grid_prompts, schedule_extra
     from eagle3lib.evaluation.inputs import select_prompts
     from eagle3lib.model.verifier import load_tokenizer
     from eagle3lib.tiny.build import tiny_verifier_path
     from eagle3lib.vllm.measure import run_pass, warmup
-    from eagle3lib.vllm.server import server_for_verifier
+    from eagle3lib.vllm.serving import drafter_server
 
     model = str(tiny_verifier_path(progress=False))
     drafter = Path(a.drafter).resolve()
@@ -67,9 +67,8 @@ def main() -> None:
         ctx = open_stage("evaluate", "tiny", root, {"evaluate.max_tokens": a.max_tokens, "evaluate.progress": False})
         cfg, vcfg = ctx.cfg, ctx.verifier
         prompts = select_prompts(cfg, load_tokenizer(model), vcfg.max_model_len, 4, None)[0]
-        servers = {name: server_for_verifier(vcfg, model, root / f"{name}.log",
-                                             speculative_config=scheduled_config(drafter, k, sched),
-                                             extra_args=[*vcfg.extra_server_args, *cfg.server_args])
+        servers = {name: drafter_server(vcfg, model, root / f"{name}.log", drafter, k, spec_extra=schedule_extra(sched),
+                                        server_args=cfg.server_args)
                    for name, (k, sched) in SERVERS.items()}
         try:
             for name, s in servers.items():

@@ -282,7 +282,7 @@ def test_k_sweep_and_drafters_side_by_side(servers, train_dir, tmp_path):
     # the measured tau: recomputed here from the model's parts
     from eagle3lib.analysis.deployment import k_sweep_model
 
-    prof = open_stage("evaluate", "tiny", run, over).profile
+    prof = open_stage("evaluate", "tiny", run, {**over, "evaluate.ttt_steps_sweep": [1, 3]}).profile  # as measured
     c = prof.section("evaluate").concurrency
     model, where = k_sweep_model(prof, train_dir / "final", c)
     assert f["gpu_model"] == where and where.endswith(f"concurrency {c}")

@@ -177,19 +177,16 @@ def serve(ctx, ckpt: str, prompts, out: Path, key: dict[str, Any]) -> dict[str, 
     from eagle3lib.evaluation.phases import load_phase, save_phase
     from eagle3lib.model.verifier import resolve_model
     from eagle3lib.vllm.measure import run_pass, warmup
-    from eagle3lib.vllm.server import server_for_verifier
-    from eagle3lib.vllm.speculative_config import speculative_config
+    from eagle3lib.vllm.serving import served
 
     if (cached := load_phase(out.parent, out.name, key)) is not None:
         return cached
-    cfg, vcfg = ctx.profile.section("evaluate"), ctx.verifier
+    # a train context (the peer's folder): the evaluate section read as the benchmark's own setting
+    cfg, vcfg = ctx.profile.unscoped.section("evaluate"), ctx.verifier
     k = key["ttt_steps"]
-    server = server_for_verifier(vcfg, resolve_model(vcfg.model), out.parent / f"{out.name}.log",
-                                 speculative_config=speculative_config(ckpt, k),
-                                 extra_args=[*vcfg.extra_server_args, *cfg.server_args])
     res: dict[str, Any] = {}
-    with server:
-        ep = server.endpoint()
+    with served(vcfg, resolve_model(vcfg.model), out.parent / f"{out.name}.log", ckpt, k,
+                server_args=cfg.server_args) as ep:
         for mode, t in (("greedy", 0.0), ("sampled", cfg.temperature)):
             warmup(ep, prompts, cfg.warmup_requests, min(16, cfg.max_tokens), t, cfg.request_timeout_s)
             res[mode] = run_pass(ep, prompts, temperature=t, max_tokens=cfg.max_tokens, concurrency=1,
@@ -311,7 +308,7 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     # peer/ as the stage's folder: train_variant keeps every variant inside it (never the run's train/)
     ctx = open_stage("train", a.profile, out.parent, over, say=lambda _m: None, out_dir=out)
-    tcfg, ecfg, vcfg = ctx.profile.section("train"), ctx.profile.section("evaluate"), ctx.verifier
+    tcfg, ecfg, vcfg = ctx.profile.section("train"), ctx.profile.unscoped.section("evaluate"), ctx.verifier
     model_path = resolve_model(vcfg.model)
     reader = HiddenStateReader(ctx.stage_dir("extract"))
     say(f"{len(reader)} samples in {ctx.stage_dir('extract')}; writing speculators' hidden-state files")

@@ -18,7 +18,6 @@ Each K's passes are one measurement phase, kept once complete (a rerun resumes a
 from __future__ import annotations
 
 import json
-from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -27,10 +26,9 @@ from eagle3lib.config.evaluate import EvaluateConfig
 from eagle3lib.config.verifier import VerifierConfig
 from eagle3lib.evaluation.phases import load_phase, save_phase
 from eagle3lib.evaluation.results import same_frac
-from eagle3lib.vllm.endpoint import verifier_endpoint
 from eagle3lib.vllm.k_schedule import fastest_k, schedule_ranges
 from eagle3lib.vllm.measure import run_pass, warmup
-from eagle3lib.vllm.server import server_for_verifier
+from eagle3lib.vllm.serving import served
 from eagle3lib.vllm.speculative_config import speculative_config
 
 
@@ -41,26 +39,15 @@ def grid_prompts(prompts, concurrency: int):
                     category="all") for i in range(n)]
 
 
+def schedule_extra(schedule: list[list[int]] | None) -> dict[str, Any]:
+    """What a K schedule adds to vLLM's --speculative-config (K itself is its largest value, the ceiling vLLM clamps
+    each range to)."""
+    return {"num_speculative_tokens_per_batch_size": [list(r) for r in schedule]} if schedule else {}
+
+
 def scheduled_config(ckpt: Path, k: int, schedule: list[list[int]] | None = None) -> dict[str, Any]:
-    """vLLM's --speculative-config for drafter `ckpt` at K (with a schedule: K is its largest value, the ceiling vLLM
-    clamps each range to)."""
-    spec: dict[str, Any] = speculative_config(ckpt, k)
-    if schedule:
-        spec["num_speculative_tokens_per_batch_size"] = [list(r) for r in schedule]
-    return spec
-
-
-@contextmanager
-def _endpoint(cfg: EvaluateConfig, vcfg: VerifierConfig, model_path: str, out_dir: Path, name: str, url: str | None,
-              spec: dict[str, Any] | None):
-    """A given server (URL) or a local one started for these passes and stopped after."""
-    if url:
-        yield verifier_endpoint(vcfg, cfg.connect_timeout_s, base_url=url)
-        return
-    server = server_for_verifier(vcfg, model_path, out_dir / f"{name}.log", speculative_config=spec,
-                                 extra_args=[*vcfg.extra_server_args, *cfg.server_args])
-    with server:
-        yield server.endpoint()
+    """vLLM's --speculative-config for drafter `ckpt` at K, with a schedule when given."""
+    return {**speculative_config(ckpt, k), **schedule_extra(schedule)}
 
 
 def measure_row_set(cfg: EvaluateConfig, ep, prompts, concurrencies: list[int], counters: bool,
@@ -85,12 +72,15 @@ def measure_row_set(cfg: EvaluateConfig, ep, prompts, concurrencies: list[int], 
 
 
 def _phase(cfg: EvaluateConfig, vcfg: VerifierConfig, model_path, out_dir, prompts, name: str, key: dict[str, Any],
-           url: str | None, spec: dict[str, Any] | None) -> dict[int, dict[str, Any]]:
+           url: str | None, ckpt: Path | None = None, k: int | None = None,
+           schedule: list[list[int]] | None = None) -> dict[int, dict[str, Any]]:
+    """One server's rows (`ckpt` None: the verifier alone), kept as a phase; `url` a given server, else one started."""
     cached = load_phase(out_dir, name, key)
     if cached is not None:
         return {int(c): row for c, row in cached.items()}
-    with _endpoint(cfg, vcfg, model_path, out_dir, name, url, spec) as ep:
-        rows = measure_row_set(cfg, ep, prompts, sorted(cfg.concurrency_sweep), spec is not None, name)
+    with served(vcfg, model_path, out_dir / f"{name}.log", ckpt, k, url=url, spec_extra=schedule_extra(schedule),
+                server_args=cfg.server_args, connect_timeout_s=cfg.connect_timeout_s) as ep:
+        rows = measure_row_set(cfg, ep, prompts, sorted(cfg.concurrency_sweep), ckpt is not None, name)
     save_phase(out_dir, name, key, {str(c): row for c, row in rows.items()})
     return rows
 
@@ -164,12 +154,12 @@ def concurrency_grid(cfg: EvaluateConfig, vcfg: VerifierConfig, model_path: str,
     key = {**vkey, "concurrency_sweep": sorted(cfg.concurrency_sweep), "grid_repeats": cfg.grid_repeats}
     measured = {0: _phase(cfg, vcfg, model_path, out_dir, prompts, "grid_k0", {**key, "which": "grid_k0",
                                                                                  "url": urls.get("base")},
-                          urls.get("base"), None)}
+                          urls.get("base"))}
     for k in ks:
         url = urls.get("spec") if k == ttt_steps else None
         measured[k] = _phase(cfg, vcfg, model_path, out_dir, prompts, f"grid_k{k}", {**key, "which": f"grid_k{k}",
-                                                                                      "ttt_steps": k, "url": url},
-                             url, scheduled_config(ckpt, k))
+                                                                                      "k": k, "url": url},
+                             url, ckpt, k)
     rows = grid_rows(measured)
     best = fastest_k(rows)
     out: dict[str, Any] = {"ks": ks, "concurrencies": sorted(cfg.concurrency_sweep), "rows": rows,
@@ -181,11 +171,12 @@ def concurrency_grid(cfg: EvaluateConfig, vcfg: VerifierConfig, model_path: str,
         out["note"] = "the verifier alone was fastest at every concurrency: no schedule to serve"
         return out
     out["schedule_source"] = "evaluate.ttt_steps_schedule" if cfg.ttt_steps_schedule else "derived from the grid"
-    spec = scheduled_config(ckpt, max(k for *_, k in sched), sched)
-    served = _phase(cfg, vcfg, model_path, out_dir, prompts, "grid_schedule", {**key, "which": "grid_schedule",
-                                                                               "schedule": sched}, None, spec)
+    top = max(k for *_, k in sched)
+    on_schedule = _phase(cfg, vcfg, model_path, out_dir, prompts, "grid_schedule",
+                         {**key, "which": "grid_schedule", "schedule": sched}, None, ckpt, top, sched)
     out.update({"schedule": sched, "serve_command": serve_command(vcfg.served_model_name or vcfg.model, ckpt, sched),
-                "speculative_config": spec, **schedule_comparison(rows, served, measured[0])})
+                "speculative_config": scheduled_config(ckpt, top, sched),
+                **schedule_comparison(rows, on_schedule, measured[0])})
     return out
 
 

@@ -14,6 +14,7 @@ one): where both measure the same thing, their taus agree within sampling noise.
 
 from __future__ import annotations
 
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -21,9 +22,10 @@ from eagle3lib.config.evaluate import EvaluateConfig
 from eagle3lib.config.verifier import VerifierConfig
 from eagle3lib.evaluation.per_prompt import difference_interval, pooled, tau_interval
 from eagle3lib.evaluation.phases import load_phase, save_phase
-from eagle3lib.vllm.endpoint import ServerError, verifier_endpoint
+from eagle3lib.vllm.endpoint import ServerError
 from eagle3lib.vllm.measure import EvalPrompt, check_speculative, run_pass, warmup
-from eagle3lib.vllm.server import has_cuda, server_for_verifier
+from eagle3lib.vllm.server import has_cuda
+from eagle3lib.vllm.serving import served
 from eagle3lib.vllm.speculative_config import speculative_config
 
 REFERENCE = "greedy"  # the configuration every gain is measured against: vLLM's default drafting
@@ -61,20 +63,19 @@ def measure_variant(cfg: EvaluateConfig, vcfg: VerifierConfig, model_path: str, 
         return cached
     spec = {**speculative_config(ckpt, k), **extra}
     res: dict[str, Any] = {"speculative_config": {k_: v for k_, v in spec.items() if k_ != "model"}, "passes": {}}
-    server = None
     if url:
-        ep = verifier_endpoint(vcfg, cfg.connect_timeout_s, base_url=url)
-        check_speculative(ep, k, "evaluate.spec_server_url")
         res["server"] = "evaluate.spec_server_url"
-    else:
-        server = server_for_verifier(vcfg, model_path, out_dir / f"vllm_{phase}.log", speculative_config=spec,
-                                     extra_args=[*vcfg.extra_server_args, *cfg.server_args])
+    with ExitStack() as stack:
         try:
-            server.start()
+            ep = stack.enter_context(served(vcfg, model_path, out_dir / f"vllm_{phase}.log", ckpt, k, url=url,
+                                            spec_extra=extra, server_args=cfg.server_args,
+                                            connect_timeout_s=cfg.connect_timeout_s))
         except ServerError as e:
-            return {**res, "unserved": str(e).splitlines()[0]}
-        ep = server.endpoint()
-    try:
+            if url:
+                raise
+            return {**res, "unserved": str(e).splitlines()[0]}  # a drafting method this vLLM cannot start
+        if url:
+            check_speculative(ep, k, "evaluate.spec_server_url")
         for t in temperatures(cfg):
             warmup(ep, prompts, cfg.warmup_requests, min(16, cfg.max_tokens), t, cfg.request_timeout_s)
             p = run_pass(ep, prompts, temperature=t, max_tokens=cfg.max_tokens, concurrency=1,
@@ -82,9 +83,6 @@ def measure_variant(cfg: EvaluateConfig, vcfg: VerifierConfig, model_path: str, 
                          counters=True, label=f"vllm {name} T={t:g}", progress=cfg.progress, per_prompt=True)
             res["passes"][f"{t:g}"] = {"tau": p.get("tau"), "tokens_per_s": p.get("tokens_per_s"),
                                        "per_prompt": list((p.get("per_prompt") or {}).values())}
-    finally:
-        if server is not None:
-            server.stop()
     save_phase(out_dir, phase, key, res)
     return res
 

@@ -67,7 +67,7 @@ def k_sweep(cfg: EvaluateConfig, vcfg: VerifierConfig, model_path: str, ckpt: Pa
             measured[k] = main[1]
             continue
         measured[k] = measure_spec(cfg, vcfg, model_path, ckpt, prompts, k, out_dir, f"vllm_spec_k{k}",
-                                   {**vkey, "which": f"spec_k{k}", "ttt_steps": k})
+                                   {**vkey, "which": f"spec_k{k}", "k": k})
     rows = sweep_rows(measured, base_tokens_per_s, gpu_model[0] if gpu_model else None)
     return {"rows": rows, "gpu_model": gpu_model[1] if gpu_model else None, "reused_main_k": main[0] if main is not None and main[0] in measured else None,
             "from_concurrency_grid": given,

@@ -12,7 +12,8 @@ from eagle3lib.config.evaluate import EvaluateConfig
 from eagle3lib.config.verifier import VerifierConfig
 from eagle3lib.vllm.endpoint import ServerError, verifier_endpoint
 from eagle3lib.vllm.measure import PassSettings
-from eagle3lib.vllm.server import server_for_verifier, shared_verifier_url
+from eagle3lib.vllm.server import shared_verifier_url
+from eagle3lib.vllm.serving import drafter_server
 
 
 def pass_settings(cfg: EvaluateConfig, modes: list[str] | None = None) -> PassSettings:
@@ -54,7 +55,9 @@ class Servers:
         url, key = self.url(which)
         return "shared" if key == "the runner's shared verifier server" else url
 
-    def open(self, which: str, speculative_config: dict[str, Any] | None, background: bool) -> None:
+    def open(self, which: str, ckpt: Path | None, k: int | None, background: bool) -> None:
+        """The server `which`: a given one checked now, else a local one (`ckpt` drafting k tokens per round, None:
+        the verifier alone) started in a background thread (`background`) or here."""
         url, key = self.url(which)
         if url:
             try:
@@ -62,9 +65,8 @@ class Servers:
             except ServerError as e:
                 raise ServerError(f"{key}: {e}") from None
             return
-        server = server_for_verifier(self.vcfg, self.model_path, self.out_dir / f"vllm_{which}.log",
-                                     speculative_config=speculative_config,
-                                     extra_args=[*self.vcfg.extra_server_args, *self.cfg.server_args])
+        server = drafter_server(self.vcfg, self.model_path, self.out_dir / f"vllm_{which}.log", ckpt, k,
+                                server_args=self.cfg.server_args)
         self.local[which] = server
 
         def start() -> None:

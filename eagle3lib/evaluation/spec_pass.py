@@ -11,8 +11,7 @@ from eagle3lib.config.evaluate import EvaluateConfig
 from eagle3lib.config.verifier import VerifierConfig
 from eagle3lib.evaluation.phases import load_phase, save_phase
 from eagle3lib.vllm.measure import prompt_bucket, run_pass, warmup
-from eagle3lib.vllm.server import server_for_verifier
-from eagle3lib.vllm.speculative_config import speculative_config
+from eagle3lib.vllm.serving import served
 
 
 def measure_spec(cfg: EvaluateConfig, vcfg: VerifierConfig, model_path: str, ckpt: Path, prompts, k: int, out_dir: Path, name: str,
@@ -22,11 +21,7 @@ def measure_spec(cfg: EvaluateConfig, vcfg: VerifierConfig, model_path: str, ckp
     cached = load_phase(out_dir, name, key)
     if cached is not None:
         return cached
-    spec = speculative_config(ckpt, k)
-    server = server_for_verifier(vcfg, model_path, out_dir / f"{name}.log", speculative_config=spec,
-                                 extra_args=[*vcfg.extra_server_args, *cfg.server_args])
-    with server:
-        ep = server.endpoint()
+    with served(vcfg, model_path, out_dir / f"{name}.log", ckpt, k, server_args=cfg.server_args) as ep:
         warmup(ep, prompts, cfg.warmup_requests, min(16, cfg.max_tokens), 0.0, cfg.request_timeout_s)
         res = run_pass(ep, prompts, temperature=0.0, max_tokens=cfg.max_tokens, concurrency=cfg.concurrency,
                        request_timeout_s=cfg.request_timeout_s, connect_timeout_s=cfg.connect_timeout_s,

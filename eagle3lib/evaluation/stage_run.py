@@ -41,7 +41,7 @@ from eagle3lib.evaluation.interleaved_speed import interleaved_speed
 from eagle3lib.evaluation.k_sweep import k_sweep
 from eagle3lib.evaluation.library import library_device, measure_library, per_prompt_rows, summarize_library
 from eagle3lib.evaluation.per_prompt import add_spread, lib_outputs, lib_rows
-from eagle3lib.evaluation.phases import fingerprint, load_phase, save_phase
+from eagle3lib.evaluation.phases import fingerprint, load_phase, measurement_key, save_phase
 from eagle3lib.evaluation.results import (
     build_figures,
     comparison_rows,
@@ -59,7 +59,7 @@ from eagle3lib.vllm.endpoint import ServerError
 from eagle3lib.vllm.measure import EvalPrompt, ServingError, measure_vllm
 from eagle3lib.vllm.server import has_cuda
 from eagle3lib.vllm.spec_metrics import MetricsError
-from eagle3lib.vllm.speculative_config import served_as, speculative_config
+from eagle3lib.vllm.speculative_config import served_as
 
 WHICH = ("spec", "base")  # the drafter's server, the verifier alone's
 
@@ -103,13 +103,13 @@ class Evaluation:
     def vllm_key(self, which: str) -> dict[str, Any]:
         return {**self.vkey, "which": which, "url": self.servers.key_url(which)}
 
-    def spec_config(self, which: str) -> dict[str, Any] | None:
-        return speculative_config(self.ckpt, self.k) if which == "spec" else None
 
     def open(self, which: str, background: bool) -> None:
         """Open a server once (the base server may be open already: it answers later turns)."""
         if which not in self.servers.endpoints and which not in self.servers.threads:
-            as_input_error(self.servers.open, which, self.spec_config(which), background=background)
+            spec = which == "spec"
+            as_input_error(self.servers.open, which, self.ckpt if spec else None, self.k if spec else None,
+                           background=background)
 
 
 def prepare(ctx: StageContext, t_start: float) -> Evaluation:
@@ -142,7 +142,7 @@ def prepare(ctx: StageContext, t_start: float) -> Evaluation:
         """The verifier alone (the base server), opened on first use: it answers the first turns of multi-turn
         questions before anything is measured."""
         if "base" not in servers.endpoints and "base" not in servers.threads:
-            as_input_error(servers.open, "base", None, background=False)
+            as_input_error(servers.open, "base", None, None, background=False)
         return servers.get("base")
 
     def later(multi):
@@ -168,12 +168,7 @@ def prepare(ctx: StageContext, t_start: float) -> Evaluation:
     base_key = {"ckpt": fingerprint(ckpt), "verifier": [vcfg.model, model_path], "ttt_steps": k,
                 "prompts": [[p.id, p.token_ids] for p in prompts], "max_tokens": cfg.max_tokens,
                 "temperature": cfg.temperature, "modes": cfg.modes, "seed": cfg.seed, "eos": eos}
-    vkey = {**base_key, "concurrency": cfg.concurrency, "dtype": vcfg.dtype, "server_args": cfg.server_args,
-            "extra_server_args": vcfg.extra_server_args, "warmup": cfg.warmup_requests}
-    if cfg.context_buckets:  # vLLM's passes run per bucket group (the library's buckets come from its records)
-        vkey["context_buckets"] = cfg.context_buckets
-    if cfg.per_prompt:  # every prompt alone
-        vkey["per_prompt"] = True
+    vkey = measurement_key(pass_settings(cfg), prompts, ckpt, k, vcfg, model_path, cfg.server_args, seed=cfg.seed)
     results: dict[str, Any] = {
         "ttt_steps": k, "ttt_steps_trained": k_trained, "checkpoint": str(ckpt), "verifier": vcfg.model,
         "verifier_path": model_path, "tolerance": cfg.tolerance, "eos_token_ids": eos,

@@ -112,7 +112,6 @@ def _cross_fit(ctx: StageContext, points: list[dict[str, Any]], draws: int, seed
 def _vllm_tau(ctx: StageContext, point: dict[str, Any], k: int) -> tuple[float | None, str]:
     """vLLM's greedy tau for a point's drafter: the evaluate stage's when it measured this checkpoint, else measured
     here (and kept in the point's folder, keyed by the checkpoint, so a rerun does not start a server again)."""
-    from eagle3lib.evaluation.phases import fingerprint, load_phase, save_phase
     from eagle3lib.evaluation.vllm_tau import measure_greedy_tau
 
     ckpt = (ctx.run_dir / point["checkpoint"]).resolve()
@@ -122,12 +121,7 @@ def _vllm_tau(ctx: StageContext, point: dict[str, Any], k: int) -> tuple[float |
             return ev["figures"]["tau_vllm_greedy"], "evaluate stage"
     ecfg, vcfg = ctx.profile.section("evaluate"), ctx.verifier
     pdir = point_dir(ctx, point["fraction"])
-    key = {"ckpt": fingerprint(ckpt), "k": k, "prompts": ecfg.prompts, "n_prompts": ecfg.n_prompts, "seed": ecfg.seed,
-           "max_tokens": ecfg.max_tokens, "dtype": vcfg.dtype, "server_args": [*vcfg.extra_server_args, *ecfg.server_args]}
-    res = load_phase(pdir, "vllm_greedy", key)
-    if res is None:
-        res = measure_greedy_tau(ecfg, vcfg, ckpt, k, pdir)
-        save_phase(pdir, "vllm_greedy", key, res)
+    res = measure_greedy_tau(ecfg, vcfg, ckpt, k, pdir, keep=(pdir, "vllm_greedy"))
     return res["tau"], "measured here"
 
 

@@ -30,7 +30,6 @@ from eagle3lib.config.stages import StageContext, open_stage
 from eagle3lib.core.atomic import write_json_atomic, write_text_atomic
 from eagle3lib.core.manifest import StageTimer, timed_stage
 from eagle3lib.evaluation.inputs import best_is_chosen
-from eagle3lib.evaluation.phases import fingerprint, load_phase, save_phase
 from eagle3lib.evaluation.vllm_tau import measure_served
 from eagle3lib.studies.recipe_seeds import pool_rows
 from eagle3lib.training.variants import QUIET, finished_with, train_variant
@@ -101,21 +100,10 @@ def _measure(ctx: StageContext, ckpt: Path | None, k: int, name: str) -> dict[st
     ecfg, vcfg, cfg = ctx.profile.section("evaluate"), ctx.verifier, ctx.cfg
     if len(cfg.seeds) > 1:
         ecfg = ecfg.model_copy(update={"per_prompt": True})
-    key = {"ckpt": fingerprint(ckpt) if ckpt is not None else None, "k": k, "modes": cfg.modes,
-           "prompts": ecfg.prompts, "n_prompts": ecfg.n_prompts, "seed": ecfg.seed, "max_tokens": ecfg.max_tokens,
-           "temperature": ecfg.temperature, "concurrency": ecfg.concurrency, "dtype": vcfg.dtype,
-           "server_args": [*vcfg.extra_server_args, *ecfg.server_args], "context_buckets": ecfg.context_buckets,
-           "per_prompt": ecfg.per_prompt,
-           "base_url": ecfg.base_server_url if ckpt is
-           None else None}
-    res = load_phase(ctx.dir, f"vllm_{name}", key)
-    if res is None:
-        log_dir = ctx.dir / "logs" / name
-        log_dir.mkdir(parents=True, exist_ok=True)
-        res = measure_served(ecfg.model_copy(update={"progress": cfg.progress}), vcfg, ckpt, k, log_dir, cfg.modes,
-                             f"recipes.names: {name}")
-        save_phase(ctx.dir, f"vllm_{name}", key, res)
-    return res
+    log_dir = ctx.dir / "logs" / name
+    log_dir.mkdir(parents=True, exist_ok=True)
+    return measure_served(ecfg.model_copy(update={"progress": cfg.progress}), vcfg, ckpt, k, log_dir, cfg.modes,
+                          f"recipes.names: {name}", keep=(ctx.dir, f"vllm_{name}"))
 
 
 def _row(ctx: StageContext, name: str, trained: dict[str, Any], res: dict[str, Any], base: dict[str, Any],

@@ -127,18 +127,12 @@ class ServedProbe:
         """A vLLM server with this checkpoint as its speculator, the prompts as token ids, vLLM's spec-decode counters
         read around each pass (eagle3lib/vllm/measure.py): what serving measures, at the cost of a server start."""
         from eagle3lib.vllm.measure import EvalPrompt, run_pass
-        from eagle3lib.vllm.server import server_for_verifier
-        from eagle3lib.vllm.speculative_config import speculative_config
+        from eagle3lib.vllm.serving import served
 
-        vcfg = t.verifier_cfg
-        server = server_for_verifier(vcfg, t.model_path, t.out_dir / "served_probe_vllm.log",
-                                     speculative_config=speculative_config(ckpt, self.k),
-                                     extra_args=list(vcfg.extra_server_args),
-                                     extra_env={"CUDA_VISIBLE_DEVICES": self.gpus} if self.gpus else {})
         prompts = [EvalPrompt(pid, "probe", ids) for pid, ids in self.prompts or []]
         out = {}
-        with server:
-            ep = server.endpoint()
+        with served(t.verifier_cfg, t.model_path, t.out_dir / "served_probe_vllm.log", ckpt, self.k,
+                    extra_env={"CUDA_VISIBLE_DEVICES": self.gpus} if self.gpus else None) as ep:
             for mode, temperature in self.modes().items():
                 p = run_pass(ep, prompts, temperature=temperature, max_tokens=self.max_tokens,
                              concurrency=len(prompts), request_timeout_s=600.0, connect_timeout_s=10.0, counters=True,
