@@ -167,3 +167,36 @@ def test_architectures_parameter_table_is_the_registrys():
 
     doc = (ROOT / "ARCHITECTURE.md").read_text()
     assert contract_table() in doc, "ARCHITECTURE.md's contract table differs from config/registry.py:\n" + contract_table()
+
+
+def _layer_diagram() -> dict[str, int]:
+    """ARCHITECTURE.md's layer diagram as {package: layer}: every `name/` (and `__main__`) under a `layer N` line."""
+    block = (ROOT / "ARCHITECTURE.md").read_text().split("```")[1]
+    placed, layer = {}, None
+    for line in block.splitlines():
+        if m := re.match(r"layer (\d+)", line):
+            layer = int(m.group(1))
+        for name in re.findall(r"(?:^|\s{2,})(\w+)/(?=\s)", line) + re.findall(r"\b(__main__)\b", line):
+            placed.setdefault(name, layer)
+    return placed
+
+
+def test_architectures_layer_diagram_places_each_package_where_the_layout_test_does():
+    """A package described in the wrong layer (or not at all) fails here, not only a module left out."""
+    from test_layout import LAYERS
+
+    assert _layer_diagram() == LAYERS
+
+
+def test_architectures_command_list_is_the_clis():
+    import contextlib
+    import io
+
+    from eagle3lib.__main__ import main
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), pytest.raises(SystemExit):
+        main(["--help"])
+    commands = re.search(r"\{([a-z,-]+)\}", out.getvalue()).group(1).split(",")
+    line = next(ln for ln in (ROOT / "ARCHITECTURE.md").read_text().splitlines() if "the CLI: python -m eagle3lib" in ln)
+    assert line.split("python -m eagle3lib ", 1)[1].split(" | ") == commands

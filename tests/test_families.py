@@ -1,5 +1,5 @@
 # .venv/bin/python -m pytest -q tests/test_families.py
-"""The support matrix's HF side, for every family (eagle3lib/tiny/families.py): a tiny model built from the family's
+"""The support matrix's HF side, for every family (benchmarks/experiments/families.py): a tiny model built from the family's
 own transformers config class, `eagle3lib init` on its folder (the written profile validates; the family's
 end-of-turn marker, reasoning parser and vLLM's default feature layers), then the extract stage on that profile:
 the hooks find the decoder layers, the final-state check passes (the stored final states reproduce the verifier's
@@ -9,6 +9,9 @@ HF, training, speculative decoding greedy-identical): benchmarks/experiments/mod
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
 import yaml
 
@@ -17,7 +20,9 @@ from eagle3lib.data.hidden_store import HiddenStateReader
 from eagle3lib.extraction.engine import extract
 from eagle3lib.pipeline.profile_init import InitError, write_profile
 from eagle3lib.tiny import corpus
-from eagle3lib.tiny.families import FAMILIES, build_family
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks" / "experiments"))
+from families import FAMILIES, build_family  # noqa: E402  (the model-matrix experiment's tiny families)
 
 PARSER = {"chatml": "qwen3", "harmony": "openai_gptoss", "minimax": "minimax_m2", "glm": "glm45", "llama3": None,
           "gemma": None, "mistral": None}

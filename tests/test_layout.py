@@ -51,9 +51,8 @@ def _imports(name: str, path: Path, unresolved: list[str] | None = None) -> set[
     found = set()
     package = name if path.stem == "__init__" else name.rsplit(".", 1)[0]
     tree = ast.parse(path.read_text())
-    for node in ast.walk(tree):  # annotations only (`if TYPE_CHECKING:`): no import at run time, no cycle
-        if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING":
-            node.body = []
+    # imports made only for annotations (`if TYPE_CHECKING:`) count too: a module typed against a higher one, or one
+    # that imports it, is tied to it all the same
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             found |= {a.name for a in node.names if a.name.startswith("eagle3lib")}

@@ -1,4 +1,4 @@
-"""The support matrix: every verifier family of eagle3lib/tiny/families.py through the whole path on this machine,
+"""The support matrix: every verifier family of families.py (beside this file) through the whole path on this machine,
 and the README's table from it.
 
   .venv/bin/python benchmarks/experiments/model_matrix.py                         # every family, into runs/matrix/
@@ -27,9 +27,9 @@ import time
 from pathlib import Path
 
 import torch
+from families import BY_NAME, FAMILIES, build_family  # beside this file
 
 from eagle3lib.tiny import corpus
-from eagle3lib.tiny.families import BY_NAME, FAMILIES, build_family
 
 CONVERSATIONS = 300  # ~15K tokens: a training signal in ~40 s of training
 VLLM_SAMPLES = 16  # compared HF vs vLLM

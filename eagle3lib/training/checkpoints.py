@@ -1,4 +1,4 @@
-"""Step checkpoints of a training run: where they live, which one a run resumes, and the Trainer's saves.
+"""Step checkpoints of a training run: where they live, which one a run resumes, and the store that saves them.
 
     RUN_DIR/train/checkpoints/step_NNNNNNNN/   the drafter (speculators layout) + training_state.pt (eagle3lib/model/
                                                checkpoint.py writes both, to a temporary folder renamed when complete)
@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -21,9 +21,6 @@ from eagle3lib.model.checkpoint import TRAINING_STATE, CheckpointError, load_sta
 from eagle3lib.model.drafter import DrafterConfig
 from eagle3lib.training import distributed as dist
 from eagle3lib.training.best import SELECTION, Best, on_resume, selection
-
-if TYPE_CHECKING:  # the Trainer calls these with itself
-    from eagle3lib.training.loop import Trainer
 
 CKPT_RE = re.compile(r"^step_(\d{8})$")
 
@@ -91,59 +88,61 @@ def check_compatible(ckpt_dir: str | Path, cfg: DrafterConfig, draft_ids: torch.
                               f"({'; '.join(diffs)}). Use a new run directory, or set train.resume=false to start over.")
 
 
-# ------------------------------------------------------------------------------------------- the Trainer's saves
+# ------------------------------------------------------------------------------------------- one run's store
 
-def save_step(t: Trainer, step: int) -> Path:
-    """Step checkpoint with the resume state (all ranks take part in gathering; rank 0 writes)."""
-    state = dist.model_state(t.module)
-    optim = dist.optimizer_state(t.module, t.opt)
-    path = checkpoint_dir(t.ckpt_root, step)
-    if t.rank == 0:
-        training_state = {
-            **t.progress.state(), "step": step, "elapsed_s": t.elapsed(), "optimizer": optim,
-            "scheduler": {"step": step, "total_steps": t.plan.total_steps},
-            "rng_cpu": torch.get_rng_state(),
-            "rng_cuda": torch.cuda.get_rng_state(t.device) if t.device.type == "cuda" else None,
-            "drafter_config": t.dcfg.to_dict(), "draft_ids": t.vocab.draft_ids,
-            "freeze_lm_head": t.cfg.freeze_lm_head, "optimizer_name": t.cfg.optimizer,
-            "data": {"epoch": t.plan.locate(step - 1)[0] if step else 0, "seed": t.cfg.seed},
-            "window": t.window.state(), "best": t.best.state(),
-        }
-        save_drafter(state, t.dcfg, path, training_state)
-        prune_checkpoints(t.ckpt_root, t.cfg.keep_checkpoints)
-    dist.barrier()
-    t.saved_step = step
-    return path
+class CheckpointStore:
+    """RUN_DIR/train/checkpoints/ and best/ of one run, and which step it saved last (the finish saves the last step
+    unless it is saved already) and where. Takes the module and optimizer it saves explicitly; only rank 0 writes,
+    every rank takes part in gathering the state."""
 
+    def __init__(self, out_dir: Path, keep: int, rank: int):
+        self.out_dir, self.root, self.keep, self.rank = out_dir, out_dir / "checkpoints", keep, rank
+        self.saved_step = -1  # the step of the newest checkpoint this run saved or resumed (-1: none)
+        self.last: Path | None = None  # that checkpoint
 
-def score(t: Trainer, val_rec: dict[str, Any]) -> None:
-    """Checkpoint choice by acceptance (eagle3lib/training/best.py): a new best is saved as a step checkpoint (its
-    training state names it) and then as best/. Every rank decides alike: the validation stats are reduced."""
-    t.best.scored(val_rec)
-    if not t.best.is_better(val_rec):
-        return
-    t.best.take(val_rec, t.last_train, t.cfg.ttt_steps)
-    t.best_val = val_rec
-    if t.progress.step < t.plan.total_steps:  # the last step's checkpoint is the finish's
-        t.last_ckpt = save_step(t, t.progress.step)
-    write_best(t)
+    def open(self, resume: bool) -> tuple[Path, dict[str, Any], dict[str, torch.Tensor], list[str]] | None:
+        """The newest step checkpoint that reads (its path, training state, weights and what was wrong with newer
+        ones), or None: starting over, when rank 0 clears an earlier run's checkpoints, final/ and best/ so that they
+        are never resumed later."""
+        ckpts = list_checkpoints(self.root) if resume else []
+        if not ckpts:
+            if self.rank == 0:
+                for d in (self.root, self.out_dir / "final", self.out_dir / "best"):
+                    shutil.rmtree(d, ignore_errors=True)
+            return None
+        found = newest_readable(ckpts)
+        self.last, self.saved_step = found[0], int(found[1]["step"])
+        return found
 
+    def save(self, step: int, module: Any, optimizer: Any, dcfg: DrafterConfig, training_state: dict[str, Any]) -> Path:
+        """The step checkpoint: weights and optimizer gathered from `module`, `training_state` beside them."""
+        state = dist.model_state(module)
+        optim = dist.optimizer_state(module, optimizer)
+        path = checkpoint_dir(self.root, step)
+        if self.rank == 0:
+            save_drafter(state, dcfg, path, {**training_state, "optimizer": optim})
+            prune_checkpoints(self.root, self.keep)
+        dist.barrier()
+        self.saved_step, self.last = step, path
+        return path
 
-def write_best(t: Trainer) -> None:
-    state = dist.model_state(t.module)
-    if t.rank == 0:
-        save_drafter(state, t.dcfg, t.out_dir / "best", extra_files={SELECTION: selection(t.best)})
-    dist.barrier()
+    def write_best(self, module: Any, dcfg: DrafterConfig, best: Best) -> None:
+        """best/: the drafter as it is now, with selection.json naming the validation that chose it."""
+        state = dist.model_state(module)
+        if self.rank == 0:
+            save_drafter(state, dcfg, self.out_dir / "best", extra_files={SELECTION: selection(best)})
+        dist.barrier()
 
-
-def restore_best(t: Trainer, log) -> None:
-    """After a resume: best/ written from the resumed weights, kept, or dropped (eagle3lib/training/best.py)."""
-    action = on_resume(t.out_dir / "best", t.best, t.progress.step)
-    dist.barrier()  # every rank has read best/ before rank 0 may remove it
-    if action == "write":
-        write_best(t)
-    elif action == "forget":
-        if t.rank == 0:
-            shutil.rmtree(t.out_dir / "best", ignore_errors=True)
-        log(f"best/ is not the resumed checkpoint's best (step {t.best.step}): the validations from here choose again")
-        t.best = Best()
+    def restore_best(self, module: Any, dcfg: DrafterConfig, best: Best, step: int, log) -> Best:
+        """After a resume at `step`: best/ written from the resumed weights, kept, or dropped (then the validations
+        from here choose again: a fresh Best is returned) (eagle3lib/training/best.py)."""
+        action = on_resume(self.out_dir / "best", best, step)
+        dist.barrier()  # every rank has read best/ before rank 0 may remove it
+        if action == "write":
+            self.write_best(module, dcfg, best)
+        elif action == "forget":
+            if self.rank == 0:
+                shutil.rmtree(self.out_dir / "best", ignore_errors=True)
+            log(f"best/ is not the resumed checkpoint's best (step {best.step}): the validations from here choose again")
+            return Best()
+        return best

@@ -9,12 +9,12 @@ from typing import Any
 def run_figures(t, last_train: dict[str, Any], last_val: dict[str, Any], best_val: dict[str, Any] | None) -> dict[str, Any]:
     """`t` is the finished Trainer (eagle3lib/training/loop.py); every value is a plain number, string or None."""
     figures: dict[str, Any] = {
-        "steps": t.progress.step,
+        "steps": t.loop.progress.step,
         "planned_steps": t.plan.total_steps,
         "stopped_early": t.stopped_early,  # train.patience ended the run before planned_steps
-        "epochs": t.plan.epoch_float(t.progress.step - 1),
-        "tokens_seen": t.progress.tokens_seen,
-        "samples_seen": t.progress.samples_seen,
+        "epochs": t.plan.epoch_float(t.loop.progress.step - 1),
+        "tokens_seen": t.loop.progress.tokens_seen,
+        "samples_seen": t.loop.progress.samples_seen,
         "tokens_per_s": t.run_tokens / t.train_time if t.train_time else None,
         "samples_per_s": t.run_samples / t.train_time if t.train_time else None,
         "num_processes": t.world,
@@ -51,7 +51,7 @@ def run_figures(t, last_train: dict[str, Any], last_val: dict[str, Any], best_va
         "resumed_from_step": int(t.resume_state.get("step", 0)) if t.resume_state else None,
         "init_from": t.cfg.init_from,
         "train_fraction": t.cfg.train_fraction,
-        **t.best.figures(best_val, t.cfg.ttt_steps),
+        **t.loop.best.figures(best_val, t.cfg.ttt_steps),
         **served_figures(t),
     })
     return figures
@@ -78,6 +78,6 @@ def outside_draft_vocab(t, last_val: dict[str, Any]) -> dict[str, Any]:
         n, pos = last_val.get("positions_outside_draft_vocab"), last_val.get("positions")
         return {"argmax_outside_draft_vocab": n, "argmax_outside_draft_vocab_frac": n / pos if n is not None and pos
                 else None, "argmax_outside_draft_vocab_from": "validation"}
-    pr = t.progress
+    pr = t.loop.progress
     return {"argmax_outside_draft_vocab": pr.oov_step0, "argmax_outside_draft_vocab_frac":
             pr.oov_step0 / pr.counted_step0 if pr.counted_step0 else 0.0, "argmax_outside_draft_vocab_from": "training"}

@@ -4,8 +4,9 @@
 
 Outputs in RUN_DIR/train/: metrics.jsonl, draft_vocab.safetensors, checkpoints/step_NNNNNNNN/ (with resume state),
 final/ (the vLLM-loadable checkpoint), manifest.json. Rank 0 writes everything; metrics are reduced across ranks.
-Beside this file: inputs.py (store, split, draft vocabulary), checkpoints.py (step checkpoints, resume, best/),
-validate.py (every epoch's held-out pass), finish.py (final/, figures, manifest).
+Beside this file: inputs.py (store, split, draft vocabulary), checkpoints.py (the CheckpointStore: step checkpoints,
+resume, best/), progress.py (LoopState: what a checkpoint saves to resume the loop), validate.py (every epoch's held-out
+pass), figures.py (the manifest's figures), served_probe.py (acceptance as served, during training).
 
 Distributed (eagle3lib/training/distributed.py): DDP, gradients averaged; the loss is scaled by the world size and
 normalised by the counted positions of the whole global batch, so 1 and N processes take the same step. Or FSDP2.
@@ -18,7 +19,6 @@ from __future__ import annotations
 
 import math
 import os
-import shutil
 import signal
 import sys
 import time
@@ -33,9 +33,9 @@ import torch
 from eagle3lib.config.stages import StageContext
 from eagle3lib.config.train import TrainConfig
 from eagle3lib.config.verifier import VerifierConfig
-from eagle3lib.core.manifest import StageTimer, now_iso, update_manifest
+from eagle3lib.core.manifest import StageTimer, completion, now_iso, update_manifest
 from eagle3lib.data.packing import collate, deal, make_plan, row_tokens, val_rows
-from eagle3lib.model.checkpoint import CheckpointError
+from eagle3lib.model.checkpoint import CheckpointError, save_drafter
 from eagle3lib.model.drafter import Eagle3Drafter, count_parameters, init_from_verifier
 from eagle3lib.model.drafter_shape import drafter_config_from
 from eagle3lib.model.interop import apply_init_source
@@ -43,22 +43,16 @@ from eagle3lib.model.ttt import STAT_KEYS, TTTModel, counted_per_step, summarize
 from eagle3lib.model.verifier import load_verifier_head
 from eagle3lib.trackers.run import Trackers
 from eagle3lib.training import distributed as dist
-from eagle3lib.training.best import Best
-from eagle3lib.training.checkpoints import (
-    check_compatible,
-    list_checkpoints,
-    newest_readable,
-    restore_best,
-    save_step,
-    score,
-)
-from eagle3lib.training.finish import finish
+from eagle3lib.training.best import SELECTION
+from eagle3lib.training.checkpoints import CheckpointStore, check_compatible
+from eagle3lib.training.figures import run_figures
 from eagle3lib.training.inputs import load_inputs
 from eagle3lib.training.memory_model import check_train_memory
 from eagle3lib.training.metrics import MetricsWriter, console_line, ordered_record, peak_mem_mb, read_metrics
 from eagle3lib.training.optimizer import make_optimizer
-from eagle3lib.training.progress import Progress, Window, lr_at
-from eagle3lib.training.served_probe import ServedProbe
+from eagle3lib.training.progress import LoopState, Window
+from eagle3lib.training.schedule import lr_at
+from eagle3lib.training.served_probe import ProbeSettings, ServedProbe, probe_prompts
 from eagle3lib.training.setup import (
     TrainingDiverged,
     TrainingError,
@@ -66,7 +60,7 @@ from eagle3lib.training.setup import (
     select_kernels,
     training_device,
 )
-from eagle3lib.training.states import open_states
+from eagle3lib.training.states import open_states, states_figures
 from eagle3lib.training.validate import validate
 
 OnRecord = Callable[[dict[str, Any]], None]  # called on rank 0 with every metrics record (the notebook's live plot)
@@ -93,7 +87,7 @@ class Trainer:
         self.trackers = Trackers()
         self.rank, self.world = dist.rank(), dist.world()
         self.out_dir: Path = ctx.dir
-        self.ckpt_root = self.out_dir / "checkpoints"
+        self.store = CheckpointStore(self.out_dir, cfg.keep_checkpoints, self.rank)
         self.device = training_device(cfg)
         self.K = cfg.ttt_steps
         if self.device.type == "cpu":
@@ -133,15 +127,11 @@ class Trainer:
         if self.init is not None:
             n = apply_init_source(drafter, self.init, self.vocab.draft_ids)
             log(f"starting from {self.init.path} ({self.init.layout} layout; {n} of {self.vocab.size} lm_head rows)")
-        self.progress, self.resume_state, self.resumed_from = Progress(), None, None
-        self.best, self.best_val, self.stopped_early = Best(), None, False
-        ckpts = list_checkpoints(self.ckpt_root) if cfg.resume else []
-        if not ckpts and self.rank == 0:  # starting over: checkpoints of an earlier run must not be resumed later
-            shutil.rmtree(self.ckpt_root, ignore_errors=True)
-            shutil.rmtree(self.out_dir / "final", ignore_errors=True)
-            shutil.rmtree(self.out_dir / "best", ignore_errors=True)
-        if ckpts:
-            self.resumed_from, rs, weights, damaged = newest_readable(ckpts)
+        self.loop, self.resume_state, self.resumed_from = LoopState.start(self.K, device), None, None
+        self.best_val, self.stopped_early = None, False
+        found = self.store.open(cfg.resume)
+        if found is not None:
+            self.resumed_from, rs, weights, damaged = found
             for d in damaged:
                 log(f"skipped a damaged checkpoint: {d}")
             self.resume_state = rs
@@ -149,11 +139,10 @@ class Trainer:
             missing, unexpected = drafter.load_state_dict(weights, strict=False)
             if unexpected or [m for m in missing if m not in ("d2t", "t2d")]:  # set from the draft vocab above
                 raise CheckpointError(f"{self.resumed_from}: weights do not match the drafter ({missing}, {unexpected})")
-            self.progress = Progress.from_state(rs)
-            self.best = Best.from_state(rs.get("best"))
+            self.loop = LoopState.from_state(rs, self.K, device)
             # stopped by train.patience: stays stopped unless this run is more patient (then it trains on)
-            self.stopped_early = bool(cfg.patience and self.best.since_best >= cfg.patience)
-            log(f"resuming from {self.resumed_from} (step {self.progress.step})")
+            self.stopped_early = bool(cfg.patience and self.loop.best.since_best >= cfg.patience)
+            log(f"resuming from {self.resumed_from} (step {self.loop.progress.step})")
         self.n_params = count_parameters(drafter)  # the embedding is a buffer (frozen, not saved)
         self.ttt = TTTModel(drafter, head.norm_weight, head.lm_head, head.rms_norm_eps, cfg.ttt_steps, cfg.decay,
                             cfg.out_of_vocab, self.attention, self.backend, cfg.loss, cfg.hidden_state_loss_weight,
@@ -179,8 +168,8 @@ class Trainer:
         if self.plan.total_steps == 0:
             raise TrainingError(f"{self.store_dir}: {len(self.split.train)} training samples are fewer rows than one "
                                 f"step (train.batch_rows={cfg.batch_rows}); lower batch_rows or extract more samples")
-        if self.progress.step > self.plan.total_steps:
-            raise CheckpointError(f"{self.resumed_from}: checkpoint step {self.progress.step} is past this run's "
+        if self.loop.progress.step > self.plan.total_steps:
+            raise CheckpointError(f"{self.resumed_from}: checkpoint step {self.loop.progress.step} is past this run's "
                                   f"{self.plan.total_steps} steps")
         self.vrows = val_rows(self.split.val, self.lengths, cfg.packed_row_tokens, cfg.packing)
         log(f"{len(self.split.train)} train / {len(self.split.val)} val samples ({self.truncated} truncated to "
@@ -188,9 +177,9 @@ class Trainer:
         if cfg.hidden_states != "offline":
             self.states = open_states(self, self.ecfg, self.verifier_cfg, log)
         self.metrics = MetricsWriter(self.out_dir / "metrics.jsonl", enabled=self.rank == 0)
-        self.metrics.truncate_after(self.progress.step if self.progress.step else -1)  # records <= the checkpoint stay
+        self.metrics.truncate_after(self.loop.progress.step if self.loop.progress.step else -1)  # records <= the checkpoint stay
         if self.rank == 0:  # after the truncation: each tracker is caught up from what the file holds now
-            self.trackers = Trackers.open(cfg, self.out_dir, self.run_params, self.progress.step,
+            self.trackers = Trackers.open(cfg, self.out_dir, self.run_params, self.loop.progress.step,
                                           read_metrics(self.metrics.path), warn=log)
 
     # ---------------------------------------------------------------------------------------------------- the loop
@@ -206,7 +195,7 @@ class Trainer:
         return collate(self.reader, rows, self.cfg.packed_row_tokens, got)
 
     def run(self) -> dict[str, Any]:
-        cfg, K, device, plan, pr = self.cfg, self.K, self.device, self.plan, self.progress
+        cfg, device, plan, pr = self.cfg, self.device, self.plan, self.loop.progress
         self.stop_requested = False
         try:
             old_handler = signal.signal(signal.SIGTERM, lambda *_: setattr(self, "stop_requested", True))
@@ -215,16 +204,15 @@ class Trainer:
         self.t_run0 = time.time()
         self.run_tokens = self.run_samples = 0
         self.train_time = 0.0
-        self.last_ckpt = self.resumed_from
-        self.window = Window(K, device, (self.resume_state or {}).get("window"))
         self.last_train: dict[str, Any] = {}
         self.last_val: dict[str, Any] = {}
-        self.saved_step = self.progress.step if self.resumed_from else -1
-        self.probe = ServedProbe(self) if cfg.served_eval_every else None
+        self.probe = ServedProbe(ProbeSettings.of(cfg, self.verifier_cfg, self.model_path, self.out_dir), device,
+                                 self.rank, lambda n: probe_prompts(self.reader, self.split.val, n)) \
+            if cfg.served_eval_every else None
         self.served_records: list[dict[str, Any]] = []
-        self.best.by = cfg.best_by
+        self.loop.best.by = cfg.best_by
         if self.resumed_from is not None:
-            restore_best(self, log)
+            self.loop.best = self.store.restore_best(self.module, self.dcfg, self.loop.best, pr.step, log)
         pool = ThreadPoolExecutor(1)
         next_batches = pool.submit(self.load_step, pr.step) if pr.step < plan.total_steps else None
         try:
@@ -241,7 +229,7 @@ class Trainer:
                 step_samples = sum(len(r) for r in global_rows)
                 stats, grad_norm, lr = self._step(mbs)
                 self.train_time += time.time() - t_step
-                self.window.seconds += time.time() - t_step
+                self.loop.window.seconds += time.time() - t_step
                 pr.step += 1
                 pr.tokens_seen += step_tokens
                 pr.samples_seen += step_samples
@@ -249,10 +237,10 @@ class Trainer:
                 self.run_samples += step_samples
                 pr.oov_step0 += int(stats[4, 0])
                 pr.counted_step0 += int(stats[0, 0])
-                self.window.stats += stats
-                self.window.tokens += step_tokens
-                self.window.samples += step_samples
-                self.window.steps += 1
+                self.loop.window.stats += stats
+                self.loop.window.tokens += step_tokens
+                self.loop.window.samples += step_samples
+                self.loop.window.steps += 1
                 if pr.step % cfg.log_every == 0 or pr.step == plan.total_steps:
                     self._log_train(lr, grad_norm)
                 end_of_epoch = pr.step == plan.total_steps or plan.locate(pr.step)[0] != e
@@ -267,13 +255,13 @@ class Trainer:
                 if probe_now:
                     chosen = self._served_probe() or chosen
                 if chosen is not None:
-                    score(self, chosen)
-                    if cfg.patience and self.best.since_best >= cfg.patience:
-                        if self.window.steps:  # the open logging window is written before the run ends
+                    self._score(chosen)
+                    if cfg.patience and self.loop.best.since_best >= cfg.patience:
+                        if self.loop.window.steps:  # the open logging window is written before the run ends
                             self._log_train(lr, grad_norm)
                         self.stopped_early = True
-                        log(f"no better {self.best.score_name} in {cfg.patience} (train.patience): stopping at step "
-                            f"{pr.step} of {plan.total_steps}; best step {self.best.step}")
+                        log(f"no better {self.loop.best.score_name} in {cfg.patience} (train.patience): stopping at step "
+                            f"{pr.step} of {plan.total_steps}; best step {self.loop.best.step}")
                         break
                 if seal:
                     self.states.cache.seal()
@@ -287,13 +275,14 @@ class Trainer:
                 self.states.close()
             if old_handler is not None:
                 signal.signal(signal.SIGTERM, old_handler)
-        return finish(self, log)
+        return self.finish()
 
     def _served_probe(self) -> dict[str, Any] | None:
         """One served-acceptance probe (eagle3lib/training/served_probe.py): its record on rank 0's metrics, and the
         record the checkpoint choice reads (train.best_by served_*: the probe's tau in the place of the estimate), alike
         on every rank (rank 0 measured; the others are told)."""
-        rec = self.probe.measure(self)
+        step = self.loop.progress.step
+        rec = self.probe.measure(self.module, self.dcfg, step, round(self.plan.epoch_float(step - 1), 4), self.elapsed)
         if rec is not None:
             self.served_records.append(rec)
             self._emit(rec)
@@ -304,7 +293,7 @@ class Trainer:
                                             dtype=torch.float64, device=self.device))
         if not got[1]:
             return None
-        return {"step": self.progress.step, "epoch": round(self.plan.epoch_float(self.progress.step - 1), 4),
+        return {"step": self.loop.progress.step, "epoch": round(self.plan.epoch_float(self.loop.progress.step - 1), 4),
                 "tau_est": float(got[0])}
 
     def _cache_open(self) -> bool:
@@ -312,7 +301,7 @@ class Trainer:
 
     def _step(self, mbs) -> tuple[torch.Tensor, float, float]:
         """One optimizer step over this process's micro-batches: (reduced stats [5, K], grad norm, lr)."""
-        cfg, K, device, pr = self.cfg, self.K, self.device, self.progress
+        cfg, K, device, pr = self.cfg, self.K, self.device, self.loop.progress
         # counted positions per TTT step over the whole global batch: the loss denominators
         den = torch.tensor([counted_per_step(mb.loss_mask, mb.doc, K) for mb in mbs], dtype=torch.float64)
         den = dist.all_reduce_(den.sum(0).to(device))
@@ -328,7 +317,7 @@ class Trainer:
                 loss.backward()
             stats += st
         dist.all_reduce_(stats)
-        where = f"Last good checkpoint: {self.last_ckpt or 'none (no checkpoint yet)'}"
+        where = f"Last good checkpoint: {self.store.last or 'none (no checkpoint yet)'}"
         if not math.isfinite(float(stats[1].sum())):
             raise TrainingDiverged(f"non-finite loss in step {pr.step + 1} (hidden states with NaN/inf, or a learning "
                                    f"rate too high?); the optimizer step was not taken. {where}")
@@ -345,7 +334,7 @@ class Trainer:
         return stats, grad_norm, lr
 
     def elapsed(self) -> float:
-        return self.progress.elapsed_s + time.time() - self.t_run0
+        return self.loop.progress.elapsed_s + time.time() - self.t_run0
 
     def _emit(self, rec: dict[str, Any]) -> None:
         self.metrics.write(rec)
@@ -355,7 +344,7 @@ class Trainer:
             self.on_record(rec)
 
     def _log_train(self, lr: float, grad_norm: float) -> None:
-        w, pr, device = self.window, self.progress, self.device
+        w, pr, device = self.loop.window, self.loop.progress, self.device
         dt = max(w.seconds, 1e-9)
         mem = dist.all_reduce_(torch.tensor([peak_mem_mb(device)], dtype=torch.float64, device=device), "max")
         rec = {"kind": "train", "step": pr.step, "total_steps": self.plan.total_steps,
@@ -365,21 +354,89 @@ class Trainer:
                "peak_mem_mb": float(mem[0]), "time": time.time(), "elapsed_s": self.elapsed()}
         self.last_train = ordered_record(rec, self.K)
         self._emit(self.last_train)
-        self.window = Window(self.K, device)
+        self.loop.window = Window(self.K, device)
 
     def _maybe_stop_or_save(self) -> None:
-        pr = self.progress
+        pr = self.loop.progress
         stop_now = dist.all_reduce_(torch.tensor([1.0 if self.stop_requested else 0.0], device=self.device), "max")
         if float(stop_now[0]) > 0 and pr.step < self.plan.total_steps:
-            self.last_ckpt = save_step(self, pr.step)
-            log(f"SIGTERM: saved {self.last_ckpt} at step {pr.step}; run the stage again to resume")
+            ckpt = self.save()
+            log(f"SIGTERM: saved {ckpt} at step {pr.step}; run the stage again to resume")
             if self.rank == 0:
-                update_manifest(self.out_dir, status="interrupted", resume_from=str(self.last_ckpt),
-                                finished_at=now_iso(),
-                                error=f"interrupted by SIGTERM at step {pr.step}; checkpoint {self.last_ckpt}")
-            raise TrainingInterrupted(f"interrupted at step {pr.step}; checkpoint saved to {self.last_ckpt}")
-        if pr.step % self.cfg.ckpt_every == 0 and pr.step < self.plan.total_steps and self.saved_step != pr.step:
-            self.last_ckpt = save_step(self, pr.step)
+                update_manifest(self.out_dir, status="interrupted", resume_from=str(ckpt), finished_at=now_iso(),
+                                error=f"interrupted by SIGTERM at step {pr.step}; checkpoint {ckpt}")
+            raise TrainingInterrupted(f"interrupted at step {pr.step}; checkpoint saved to {ckpt}")
+        if pr.step % self.cfg.ckpt_every == 0 and pr.step < self.plan.total_steps and self.store.saved_step != pr.step:
+            self.save()
+
+    # -------------------------------------------------------------------------------------------- saves and choice
+    def save(self) -> Path:
+        """A step checkpoint of the run as it is now: weights, optimizer and the training state to resume from."""
+        t, cfg, step = self, self.cfg, self.loop.progress.step
+        training_state = {
+            **t.loop.state(t.elapsed()), "scheduler": {"step": step, "total_steps": t.plan.total_steps},
+            "rng_cpu": torch.get_rng_state(),
+            "rng_cuda": torch.cuda.get_rng_state(t.device) if t.device.type == "cuda" else None,
+            "drafter_config": t.dcfg.to_dict(), "draft_ids": t.vocab.draft_ids,
+            "freeze_lm_head": cfg.freeze_lm_head, "optimizer_name": cfg.optimizer,
+            "data": {"epoch": t.plan.locate(step - 1)[0] if step else 0, "seed": cfg.seed}}
+        return self.store.save(step, self.module, self.opt, self.dcfg, training_state)
+
+    def finish(self) -> dict[str, Any]:
+        """The end of the run: the last step checkpoint (with resume state, so a longer rerun continues), final/ (the
+        vLLM-loadable drafter) and the layouts train.export_layouts asks for, the figures and the manifest."""
+        cfg, best, step = self.cfg, self.loop.best, self.loop.progress.step
+        if self.store.saved_step != step:
+            self.save()  # the last step (or where train.patience stopped)
+        state = dist.model_state(self.module)
+        online = states_figures(self.states, lambda x: dist.all_reduce_(x.to(self.device)).cpu()) if self.states else {}
+        if self.rank != 0:
+            return {}
+        final_dir = save_drafter(state, self.dcfg, self.out_dir / "final")
+        exports = {f"checkpoint_{lay}": save_drafter(state, self.dcfg, self.out_dir / f"final-{lay}", layout=lay).name
+                   for lay in cfg.export_layouts}
+        last_train, last_val, best_val = self.last_train, self.last_val, self.best_val
+        if not last_train or not last_val or (best.step and best_val is None):  # resumed: the records are in the file
+            recs = read_metrics(self.out_dir / "metrics.jsonl")
+            last_train = last_train or next((r for r in reversed(recs) if r.get("kind") == "train"), {})
+            last_val = last_val or next((r for r in reversed(recs) if r.get("kind") == "val"), {})
+            best_val = best_val or next((r for r in recs if r.get("kind") == "val" and r["step"] == best.step), {})
+        figures = {**run_figures(self, last_train, last_val, best_val), "hidden_states": cfg.hidden_states, **online,
+                   "memory_model_gb": self.memory_model_gb}
+        outputs = {"checkpoint": str(final_dir.relative_to(self.out_dir)), "metrics": "metrics.jsonl",
+                   "draft_vocab": "draft_vocab.safetensors",
+                   "last_step_checkpoint": str(self.store.last.relative_to(self.out_dir))}
+        if best.step and (self.out_dir / "best" / SELECTION).exists():
+            outputs["best"] = "best"
+        outputs.update({**exports, **self.trackers.outputs()})
+        self.trackers.summary(figures, step)
+        if self.trackers.errors:
+            figures["tracker_errors"] = len(self.trackers.errors)
+        m = (self.timer.finish(figures, outputs) if self.timer else
+             update_manifest(self.out_dir, **completion(figures=figures, outputs=outputs)))
+        update_manifest(self.out_dir, resume_from=None, error=None, tracker_errors=self.trackers.errors or None)
+        log(f"done: {step} steps, tau_est {figures['tau_est']}, val_tau_est {figures['val_tau_est']}; "
+            f"checkpoint {final_dir.name}/")
+        if best.step:
+            what = "validation" if best.by == "estimate" else "served probe"
+            more = ("; still improving at the last validation: more epochs or more data may raise it further"
+                    if best.still_improving else "")
+            log(f"best {what}: step {best.step} (epoch {best.epoch:.2f}), {best.score_name.removeprefix('best_')} "
+                f"{best.val_tau_est:.3f}: train/best/{more}")
+        return m
+
+    def _score(self, val_rec: dict[str, Any]) -> None:
+        """Checkpoint choice by acceptance (eagle3lib/training/best.py): a new best is saved as a step checkpoint (its
+        training state names it) and then as best/. Every rank decides alike: the validation stats are reduced."""
+        best = self.loop.best
+        best.scored(val_rec)
+        if not best.is_better(val_rec):
+            return
+        best.take(val_rec, self.last_train, self.cfg.ttt_steps)
+        self.best_val = val_rec
+        if self.loop.progress.step < self.plan.total_steps:  # the last step's checkpoint is the finish's
+            self.save()
+        self.store.write_best(self.module, self.dcfg, best)
 
 
 def train(ctx: StageContext, *, on_record: OnRecord | None = None) -> dict[str, Any]:

@@ -1,25 +1,16 @@
-"""What a run has done so far and how its learning rate moves: the counters and the open logging window are saved in
-every checkpoint, so a resumed run continues the same counts and writes the same records; the schedule is a function
-of the step alone, so it needs no state."""
+"""What a run has done so far: the counters, the open logging window and the best checkpoint so far (`LoopState`) are
+saved in every checkpoint and restored by the same pair of methods, so a resumed run continues the same counts and
+writes the same records. (The learning-rate schedule is a function of the step alone: schedule.py, no state.)"""
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 import torch
 
-from eagle3lib.config.train import TrainConfig
 from eagle3lib.model.ttt import STAT_KEYS
-
-
-def lr_at(step: int, cfg: TrainConfig, total_steps: int) -> float:
-    """Linear warmup over warmup_steps, then cosine decay to lr * min_lr_ratio at the last step."""
-    if step < cfg.warmup_steps:
-        return cfg.lr * (step + 1) / cfg.warmup_steps
-    p = (step - cfg.warmup_steps) / max(1, total_steps - cfg.warmup_steps)
-    return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(p, 1.0))))
+from eagle3lib.training.best import Best
 
 
 @dataclass
@@ -62,3 +53,27 @@ class Window:
 
     def state(self) -> dict[str, Any]:
         return {"stats": self.stats.cpu(), **{name: getattr(self, name) for name in self.COUNTS}}
+
+
+@dataclass
+class LoopState:
+    """Everything a resumed run continues from besides the weights, the optimizer and the random streams: the
+    counters, the open logging window and the best checkpoint so far. Its one owner is the Trainer; `state` writes it
+    into a checkpoint's training state and `from_state` reads it back, field by field by name."""
+
+    progress: Progress
+    window: Window
+    best: Best
+
+    @classmethod
+    def start(cls, K: int, device) -> LoopState:
+        return cls(Progress(), Window(K, device), Best())
+
+    def state(self, elapsed_s: float) -> dict[str, Any]:
+        """The training state's loop fields, the wall time so far (`elapsed_s`, this invocation's included)."""
+        return {**self.progress.state(), "elapsed_s": elapsed_s, "window": self.window.state(),
+                "best": self.best.state()}
+
+    @classmethod
+    def from_state(cls, saved: dict[str, Any], K: int, device) -> LoopState:
+        return cls(Progress.from_state(saved), Window(K, device, saved.get("window")), Best.from_state(saved.get("best")))

@@ -33,7 +33,7 @@ def validate(t) -> dict[str, Any]:
     ones = torch.ones(K, device=device)
     for i in range(n_mb):
         rows = mine[i * cfg.micro_batch_rows : (i + 1) * cfg.micro_batch_rows]
-        mb = t.collate_rows(rows or t.vrows[:1], t.plan.locate(t.progress.step - 1)[0], offer=False)
+        mb = t.collate_rows(rows or t.vrows[:1], t.plan.locate(t.loop.progress.step - 1)[0], offer=False)
         with t.amp():
             _, st, per = t.module(mb.to(device), ones, sample_stats=True)
         if rows:
@@ -46,7 +46,7 @@ def validate(t) -> dict[str, Any]:
     dist.all_reduce_(stats)
     dist.all_reduce_(per_sample)
     counts = dist.all_reduce_(torch.tensor([tokens, samples], dtype=torch.float64, device=device))
-    step = t.progress.step
+    step = t.loop.progress.step
     rec = {"kind": "val", "step": step, "epoch": round(t.plan.epoch_float(step - 1), 4), "time": time.time(),
            "elapsed_s": t.elapsed(), "tokens": int(counts[0]), "samples": int(counts[1]),
            "positions": int(stats[0, 0]), "positions_outside_draft_vocab": int(stats[4, 0]),  # counted at step 0

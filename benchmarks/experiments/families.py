@@ -1,7 +1,7 @@
-"""Tiny models of the verifier families teams serve, for the support matrix (benchmarks/experiments/model_matrix.py,
-tests/test_families.py): each built from the family's own transformers config class with random weights, the tiny
+"""Tiny models of the verifier families teams serve, for the support matrix (model_matrix.py beside this file,
+tests/test_families.py; experiment code, not the library's): each built from the family's own transformers config class with random weights, the tiny
 verifier's BPE vocabulary plus the family's special tokens, and a chat template of the family's shape
-(eagle3lib/tiny/family_templates.py). Nothing is downloaded; a build takes seconds.
+(family_templates.py beside this file). Nothing is downloaded; a build takes seconds.
 
 The shape every family shares: 8 decoder layers (the fewest for which vLLM's default feature layers {2, L//2, L-3}
 are three distinct ids: `eagle3lib init` refuses shallower models), hidden 128, attention heads of width 64 (a size
@@ -22,8 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from family_templates import TEMPLATES  # beside this file (run from here, or with this folder on sys.path)
+
 from eagle3lib.core.paths import ASSETS_DIR
-from eagle3lib.tiny.family_templates import TEMPLATES
 
 LAYERS = 8  # see the module docstring
 DENSE = {"hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": LAYERS, "num_attention_heads": 2,

@@ -1,5 +1,5 @@
 """Chat templates of the shape each served model family uses, for the support matrix's tiny models
-(eagle3lib/tiny/families.py). Miniatures: the markers, turn order and reasoning blocks of the family's own template,
+(families.py beside this file). Miniatures: the markers, turn order and reasoning blocks of the family's own template,
 none of its tool-calling branches. No `{% generation %}` markers, as in the real templates: the extract stage finds
 assistant spans by prefix rendering, ending at the family's end-of-turn marker (what `eagle3lib init` decides).
 
