@@ -189,6 +189,7 @@ EXPECTED = {
     "verifier.server_url": ("http://127.0.0.1:9", set()),  # operational: where the server runs
     "generate.concurrency": (3, set()),
     "train.log_every": (3, set()),
+    "train.nproc_per_node": (2, set()),  # the batch is global: 1 and 2 processes take the same steps
 }
 
 
@@ -249,3 +250,11 @@ def test_dry_run_names_the_changed_key_and_touches_nothing(tmp_path):
     assert "train.decay: 0.8 -> 0.5" in lines["train"] and "its input stage train runs before it" in lines["evaluate"]
     assert sorted((p, p.stat().st_mtime_ns) for p in run.rglob("*")) == before
     assert not list(run.glob(".*previous*"))
+
+
+def test_every_operational_key_is_a_field_of_its_section():
+    """A misspelt name in a section's OPERATIONAL set would silently make that key count (or another not count)."""
+    from eagle3lib.config.registry import SECTIONS
+
+    bad = [f"{name}.{key}" for name, cls in SECTIONS.items() for key in cls.OPERATIONAL if key not in cls.model_fields]
+    assert not bad, bad

@@ -10,7 +10,8 @@ from eagle3lib.config.launch import TorchrunConfig
 
 
 class ExtractConfig(TorchrunConfig):
-    OPERATIONAL = frozenset({"concurrency", "progress"})  # requests in flight (vllm backend); the bar
+    # requests in flight (vllm backend); the bar; the processes
+    OPERATIONAL = TorchrunConfig.OPERATIONAL | frozenset({"concurrency", "progress"})
 
     # nproc_per_node, nnodes, rdzv_endpoint, rdzv_id (eagle3lib/config/launch.py): > 1 process splits the samples by id
     # across torchrun ranks, each writing its own shards into the one store (hf: a GPU per rank; vllm: a server per

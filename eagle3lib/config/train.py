@@ -14,7 +14,7 @@ Loss = Literal["kl", "reverse_kl", "jsd", "tv", "ce_argmax"]
 
 class TrainConfig(TorchrunConfig):
     # logging, trackers, checkpoint cadence and threads: a run that logged more often trains the same drafter
-    OPERATIONAL = frozenset({"report_to", "tracker_project", "tracker_run_name", "wandb_mode", "mlflow_tracking_uri",
+    OPERATIONAL = TorchrunConfig.OPERATIONAL | frozenset({"report_to", "tracker_project", "tracker_run_name", "wandb_mode", "mlflow_tracking_uri",
                              "export_layouts", "log_every", "ckpt_every", "keep_checkpoints", "resume", "threads"})
 
     # --- drafter architecture (written to the checkpoint's config.json; a resume with other values is an error)
