@@ -49,10 +49,10 @@ def test_notebook_is_a_stage(path):
     assert stage is not None, f"{path.name} is not in eagle3lib.config.stages.STAGES"
     assert stage.section in SECTIONS
     src = "\n".join(c.source for c in nbformat.read(path, as_version=4).cells)
-    assert f'open_stage("{stage.name}"' in src, f"{path.name} must open its stage with open_stage({stage.name!r}, ...)"
+    assert f'open_notebook_stage("{stage.name}"' in src, f"{path.name} must open its stage with open_notebook_stage({stage.name!r}, ...)"
 
 
-MAX_CODE_CELLS = 12  # CONTRIBUTING.md: a notebook is a parameters cell, open_stage, one run call and a few reports
+MAX_CODE_CELLS = 12  # CONTRIBUTING.md: a notebook is a parameters cell, open_notebook_stage, one run call and a few reports
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)

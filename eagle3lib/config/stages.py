@@ -1,7 +1,8 @@
 """The pipeline's stages, in order, and the context a stage notebook opens.
 
 Each stage notebook has the same three parameters (`profile`, `run_dir`, `overrides`) and starts with
-`ctx = open_stage("<name>", profile, run_dir, overrides)`: the profile is validated there (so a notebook run by hand or
+`ctx = open_notebook_stage("<name>", profile, run_dir, overrides)` (eagle3lib/pipeline/notebook_stage.py: finds a run
+when opened without one), then this module's `open_stage`: the profile is validated there (so a notebook run by hand or
 by papermill directly is checked too), and `ctx.cfg` is the stage's typed section.
 """
 
@@ -9,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,18 +20,6 @@ from eagle3lib.config.registry import STAGE_BY_NAME, STAGES, Stage
 from eagle3lib.core.hints import did_you_mean
 from eagle3lib.core.manifest import StageTimer
 from eagle3lib.core.paths import NOTEBOOKS_DIR, REPO_ROOT
-
-RUNS_ENV = "EAGLE3LIB_RUNS_DIR"  # where notebooks opened without a run_dir look for runs (default: REPO_ROOT/runs)
-FIXTURES = REPO_ROOT / "tests" / "fixtures" / "analysis"
-# analysis notebooks opened before any run exists show the shipped fixtures (made by tests/fixtures/analysis/make_fixtures.py)
-FIXTURE_OVERRIDES = {
-    "learning_curves": {"learning_curves.sources": [str(FIXTURES / "run_a/train/metrics.jsonl"),
-                                                    str(FIXTURES / "run_b/train/metrics.jsonl")]},
-    "cost_projection": {"cost_projection.manifests_run_dir": str(FIXTURES / "manifests")},
-    "compare_runs": {"compare_runs.runs": [str(FIXTURES / "manifests")]},
-    # no run yet: the fixtures' evaluate results (a small concurrency grid measured on the demo's drafter)
-    "deployment": {"deployment.results_run_dir": str(FIXTURES / "deployment")},
-}
 
 
 def existing_stages() -> list[Stage]:
@@ -99,43 +87,14 @@ class StageContext:
         return StageTimer(self.dir, self.manifest_params(), input_dir=self.input_dir())
 
 
-def runs_root() -> Path:
-    """Where runs live: $EAGLE3LIB_RUNS_DIR, else REPO_ROOT/runs."""
-    return Path(os.environ.get(RUNS_ENV) or REPO_ROOT / "runs")
-
-
-def find_run(stage: Stage, say=print) -> tuple[Path, dict[str, Any]]:
-    """A run for a notebook opened without a run_dir: the newest run under runs/ that has the stage's input (or any
-    run, for stages without one), else the shipped fixtures (analysis notebooks) or runs/interactive. Says which;
-    raises naming the command that makes the input when a stage has nothing to read. Returns (run_dir, overrides)."""
-    root = runs_root()
-    runs = [d for d in root.iterdir() if d.is_dir() and not d.name.startswith(".")] if root.is_dir() else []
-    with_input = [d for d in runs if not stage.needs or (d / stage.needs).exists()]
-    if with_input:  # newest by the input's own time: the run whose earlier stage finished last
-        run = max(with_input, key=lambda d: (d / stage.needs if stage.needs else d).stat().st_mtime)
-        why = f"the newest run under runs/ with {stage.needs}" if stage.needs else "the newest run under runs/"
-        say(f"run_dir: runs/{run.name} ({why}; set run_dir to choose another)")
-        return run, {}
-    interactive = root / "interactive"
-    if stage.name in FIXTURE_OVERRIDES:
-        say(f"run_dir: runs/interactive; no run under runs/ has {stage.needs} yet, so this shows the shipped fixtures "
-            f"({FIXTURES.relative_to(REPO_ROOT)}); `make demo` makes a real run")
-        return interactive, FIXTURE_OVERRIDES[stage.name]
-    if stage.needs:
-        raise ValueError(f"no run under runs/ has {stage.needs}, which the {stage.name} stage reads; make one with "
-                         f"`python -m eagle3lib run --profile tiny --run-dir runs/interactive {stage.make}` (or `make "
-                         "demo`), or set run_dir to a run that has it")
-    say("run_dir: runs/interactive (no run under runs/ yet)")
-    return interactive, {}
-
-
-def open_stage(name: str, profile: str | Path, run_dir: str | Path | None, overrides: dict[str, Any] | None = None,
+def open_stage(name: str, profile: str | Path, run_dir: str | Path, overrides: dict[str, Any] | None = None,
                say=print, out_dir: str | Path | None = None) -> StageContext:
-    """The stage's context. `run_dir` "" or None: a run found by `find_run` (a notebook opened as it ships)."""
+    """The stage's context in `run_dir` (a notebook opened as it ships, without one, finds a run through
+    eagle3lib/pipeline/notebook_stage.py)."""
     stage = get_stage(name)
-    if not run_dir:
-        run_dir, extra = find_run(stage, say)
-        overrides = {**extra, **(overrides or {})}
+    if not str(run_dir or "").strip():
+        raise ValueError(f"the {name} stage needs a run directory (a notebook opened without one finds a run: "
+                         "eagle3lib.pipeline.notebook_stage.open_notebook_stage)")
     prof = load_profile(profile, overrides)  # every section: stages read their neighbours (evaluate reads train.ttt_steps)
     run_dir = Path(run_dir)
     # Relative run dirs are relative to the repo, so a notebook opened in JupyterLab (cwd notebooks/) writes where the

@@ -13,6 +13,14 @@ PARAMS_DIR = REPO_ROOT / "params"
 ASSETS_DIR = Path(__file__).resolve().parents[1] / "assets"
 
 
+RUNS_ENV = "EAGLE3LIB_RUNS_DIR"  # where runs live when no run directory is named (default: REPO_ROOT/runs)
+
+
+def runs_root() -> Path:
+    """Where runs live: $EAGLE3LIB_RUNS_DIR, else REPO_ROOT/runs."""
+    return Path(os.environ.get(RUNS_ENV) or REPO_ROOT / "runs")
+
+
 def cache_dir() -> Path:
     """Build cache (tiny verifier, ...). Override with EAGLE3_CACHE, e.g. to share one cache between clones."""
     return Path(os.environ.get("EAGLE3_CACHE", REPO_ROOT / ".cache")).resolve()

@@ -18,8 +18,9 @@ from eagle3lib.analysis.compare import (
     positions_table,
     throughput_table,
 )
-from eagle3lib.config.stages import StageContext, runs_root
+from eagle3lib.config.stages import StageContext
 from eagle3lib.core.atomic import write_text_atomic
+from eagle3lib.core.paths import runs_root
 
 
 @dataclass
