@@ -7,7 +7,7 @@ Everything else derives from the rows: profiles validate against `SECTIONS`; a s
 and the values of its declared reads (config/contract.py), so changing one of them makes it stale; a stage reading a key
 it did not declare fails at the read (`UndeclaredRead`); the runner runs the rows in order, decides skip / resume / run
 again from them and sets aside only what they call bookkeeping; ARCHITECTURE.md's parameter table is rendered from them
-(`contract_rows`, checked by tests/test_docs.py)."""
+(`contract_table`, checked by tests/test_docs.py)."""
 
 from __future__ import annotations
 
