@@ -2,7 +2,7 @@
 other sections (config/registry.py).
 
 - `stage_params` is what its manifest records as `params`; `contract_changes` compares a recorded one with the
-  profile as it is now, and any change makes the complete stage stale (pipeline/stale.py). Keys a section marks
+  profile as it is now, and any change makes the complete stage stale (pipeline/plan.py). Keys a section marks
   `OPERATIONAL` (how a stage runs or logs: ports, concurrency, progress bars, checkpoint cadence) never do; nor does
   a key the recorded manifest lacks (the manifest predates it: the run used what its default does).
 - `ScopedProfile` is the profile a stage's context hands its code: a read of another section's key that the row does
@@ -31,8 +31,8 @@ def in_force(stage: Stage, profile: Profile) -> list[Read]:
 
 
 def _value(profile: Profile, read: Read) -> Any:
-    cfg = profile.section(read.section)
-    return cfg.model_dump(mode="json") if read.field is None else cfg.model_dump(mode="json", include={read.field})[read.field]
+    dumped = profile.section(read.section).model_dump(mode="json")
+    return dumped if read.field is None else dumped[read.field]
 
 
 def stage_params(profile: Profile, stage: Stage) -> dict[str, Any]:

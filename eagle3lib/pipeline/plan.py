@@ -54,16 +54,16 @@ def input_stale(run_dir: Path, stage: Stage) -> str | None:
     return None
 
 
-def stale_reason(run_dir: Path, stage: Stage, profile: Profile | None = None,
+def stale_reason(run_dir: Path, stage: Stage, m: dict[str, Any], profile: Profile | None = None,
                  inputs_running: frozenset[str] = frozenset()) -> str | None:
-    """Why the complete stage must run again (None if it need not): its input was made again (or is made again in
-    this run: `inputs_running`), or a key of its contract under `profile` differs from what its manifest recorded."""
+    """Why the complete stage (its manifest `m`) must run again (None if it need not): its input was made again (or is
+    made again in this run: `inputs_running`), or a key of its contract under `profile` differs from what `m`
+    recorded."""
     if why := input_stale(run_dir, stage):
         return why
     if stage.input_stage in inputs_running:
         return f"its input stage {stage.input_stage} runs before it in this run"
-    m = read_manifest(run_dir / stage.name)
-    if profile is None or not m:
+    if profile is None:
         return None
     changes = contract_changes(m.get("params") or {}, stage_params(profile, stage))
     return f"changed since it ran: {'; '.join(changes)}" if changes else None
@@ -103,7 +103,7 @@ def decide(stage: Stage, run_dir: Path, profile: Profile | None, force: bool,
         return Decision("run", "not run yet")
     if m.get("status") != "complete":
         return Decision("resume", f"its last attempt is {m.get('status')}: it resumes from what that one finished")
-    if why := stale_reason(run_dir, stage, profile, inputs_running):
+    if why := stale_reason(run_dir, stage, m, profile, inputs_running):
         return Decision("again", why)
     if damage := damaged_outputs(run_dir / stage.name, m, stage):
         return Decision("repair", f"complete, but {damage}: run again for what is missing")
